@@ -217,6 +217,10 @@ impl BuildOptions {
                 Some("float") => QuantPaths::Float,
                 Some("graph") => QuantPaths::Graph,
                 Some("bytes") => QuantPaths::Bytes,
+                // As an MPS client with part of the threads a quantized product keeps the int8
+                // GEMM, as the untimed rule of sessions 11-29 did: cuDNN's int8 paths are not
+                // known to be right there, and a rebuild bars convolution paths only.
+                _ if mps_part => QuantPaths::Gemm,
                 _ => QuantPaths::Fastest,
             },
             quant_float: match var("ISOLANE_CUDA_QUANT_FLOAT").as_deref() {
@@ -331,6 +335,7 @@ mod tests {
         // the rule of sessions 11-29 with ISOLANE_CUDA_SEARCH=first; the paths as named.
         let part = with(&[("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16")]);
         assert!(!part.first_choice && part.conv_paths == ConvPaths::Gemm);
+        assert_eq!(part.quant_paths, QuantPaths::Gemm);
         let first = with(&[
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "16"),
             ("ISOLANE_CUDA_SEARCH", "first"),

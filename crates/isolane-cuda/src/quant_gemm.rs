@@ -99,6 +99,9 @@ pub(super) fn record_quant_gemm(
             )),
         };
     }
+    // The float path records its convolution's kept path (crate::rebuild); kept only if the
+    // float path is.
+    let conv_paths_before = m.conv_paths.len();
     paths[FLOAT_PATH] = float_path(m, rec, caches, err, q, &alt.float);
     // An untimed build keeps the int8 GEMM unless the graph is forced: then its plan (and a
     // runtime-fusion engine's compile) would be made for nothing.
@@ -155,6 +158,9 @@ pub(super) fn record_quant_gemm(
         }
     };
     m.quant_choices.push((name.to_string(), chosen));
+    if chosen != FLOAT_PATH {
+        m.conv_paths.truncate(conv_paths_before);
+    }
     let plain = rec.options.quant_float_plain() && !q.x_quantized;
     if plain && chosen == FLOAT_PATH {
         m.plain_float_layers.push(name.to_string());
@@ -285,6 +291,7 @@ pub(super) fn keep_faster_whole(
         if let Some(at) = a.log_at {
             log.renote(at, crate::saved::Choice::Pick(GRAPH_PATH as u32));
         }
+        m.conv_paths.retain(|p| p.step != a.step);
         if let Some(c) = m.quant_choices.get_mut(a.choice) {
             c.1 = GRAPH_PATH;
             let name = c.0.clone();

@@ -22,11 +22,13 @@ use crate::check::{CheckFailure, CheckReport};
 pub(crate) const MAX_REBUILDS: usize = 3;
 
 /// A convolution path kept at a plan step (its name as the search log writes it: `cudnn algo
-/// …`, `cudnn engine …`, `gemm`), or barred there.
+/// …`, `cudnn engine …`, `gemm`), or barred there and at every convolution of its `shape` (the
+/// convolution's shapes, strides, pads, dilations and groups, as the build's cache keys them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StepPath {
     pub step: usize,
     pub path: String,
+    pub shape: String,
 }
 
 /// Builds with `build` (given the paths barred so far) and checks with `check` until the check
@@ -41,8 +43,17 @@ pub(crate) fn build_checked<M>(
 ) -> Result<(M, CheckReport)> {
     let mut barred: Vec<StepPath> = Vec::new();
     let mut rebuilds = 0;
+    let mut last: Option<EngineError> = None;
     loop {
-        let mut m = build(&barred)?;
+        let mut m = match (build(&barred), last.take()) {
+            (Ok(m), _) => m,
+            (Err(e), None) => return Err(e),
+            // A rebuild that fails (another path may need memory or a library call the first
+            // did not): the check's error stands, the rebuild's said after it.
+            (Err(e), Some(check)) => {
+                return Err(with_barred(check, &barred, Some(&e)));
+            }
+        };
         let failure = match check(&mut m) {
             Ok(report) => return Ok((m, report)),
             Err(f) => f,
@@ -58,7 +69,7 @@ pub(crate) fn build_checked<M>(
         // The wrong model's memory goes before the next build asks for its own.
         drop(m);
         if fresh.is_empty() || rebuilds == MAX_REBUILDS {
-            return Err(with_barred(failure.error, &barred));
+            return Err(with_barred(failure.error, &barred, None));
         }
         note(format!(
             "plan check: {}; building again without {}",
@@ -66,18 +77,24 @@ pub(crate) fn build_checked<M>(
             describe(&fresh)
         ));
         barred.extend(fresh);
+        last = Some(failure.error);
         rebuilds += 1;
     }
 }
 
-/// The check's error, naming the paths barred before it (none: unchanged).
-fn with_barred(e: EngineError, barred: &[StepPath]) -> EngineError {
-    match e {
-        EngineError::Runtime(msg) if !barred.is_empty() => EngineError::Runtime(format!(
+/// The check's error, naming the paths barred before it (none: unchanged) and, where the
+/// build without them failed, why.
+fn with_barred(e: EngineError, barred: &[StepPath], rebuild: Option<&EngineError>) -> EngineError {
+    match (e, rebuild) {
+        (EngineError::Runtime(msg), Some(r)) => EngineError::Runtime(format!(
+            "{msg} (building again without {} failed: {r})",
+            describe(barred)
+        )),
+        (EngineError::Runtime(msg), None) if !barred.is_empty() => EngineError::Runtime(format!(
             "{msg} (built again without {}, and still wrong)",
             describe(barred)
         )),
-        e => e,
+        (e, _) => e,
     }
 }
 
@@ -139,6 +156,7 @@ mod tests {
         let first = StepPath {
             step: 3,
             path: "cudnn algo 1".into(),
+            shape: String::new(),
         };
         let at3 = if barred.contains(&first) {
             "cudnn algo 6"
@@ -149,10 +167,12 @@ mod tests {
             StepPath {
                 step: 1,
                 path: "gemm".into(),
+                shape: String::new(),
             },
             StepPath {
                 step: 3,
                 path: at3.into(),
+                shape: String::new(),
             },
         ]))
     }
@@ -186,7 +206,8 @@ mod tests {
             builds[1],
             vec![StepPath {
                 step: 3,
-                path: "cudnn algo 1".into()
+                path: "cudnn algo 1".into(),
+                shape: String::new(),
             }]
         );
         assert_eq!(notes.len(), 1);
@@ -199,56 +220,72 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_failure_with_no_node_or_no_new_path_is_the_checks_own_error() {
-        // No node found: the check's error, unchanged, after one build.
+    /// The error of a build loop whose every check fails at `steps`, and how many builds it made.
+    fn always_wrong_at(steps: Option<Range<usize>>) -> (String, usize) {
         let mut builds = 0;
         let e = build_checked(
             |b| {
                 builds += 1;
                 build(b)
             },
-            |_: &mut Model| Err(wrong_at(None)),
+            |_: &mut Model| Err(wrong_at(steps.clone())),
             kept,
             &mut |_| {},
         )
         .map(|_| ())
         .unwrap_err()
         .to_string();
+        (e, builds)
+    }
+
+    #[test]
+    fn a_failure_with_no_node_or_no_new_path_is_the_checks_own_error() {
+        // No node found: the check's error, unchanged, after one build.
+        let (e, builds) = always_wrong_at(None);
         assert_eq!(builds, 1);
         assert!(
             e.contains("diverges is `c`") && !e.contains("built again"),
             "{e}"
         );
         // A node whose steps kept no convolution path (a kernel of our own): the same.
-        let e = build_checked(
-            build,
-            |_: &mut Model| Err(wrong_at(Some(4..6))),
-            kept,
-            &mut |_| {},
-        )
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+        let (e, builds) = always_wrong_at(Some(4..6));
+        assert_eq!(builds, 1);
         assert!(!e.contains("built again"), "{e}");
         // Wrong whatever is barred: stops when nothing new is left to bar, naming what was.
+        let (e, builds) = always_wrong_at(Some(3..4));
+        assert_eq!(builds, 3);
+        assert!(
+            e.contains("built again without cudnn algo 1 at step 3, cudnn algo 6 at step 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_rebuild_that_fails_keeps_the_checks_error_and_says_why() {
         let mut builds = 0;
         let e = build_checked(
-            |b| {
+            |barred| {
                 builds += 1;
-                build(b)
+                if barred.is_empty() {
+                    build(barred)
+                } else {
+                    Err(EngineError::InvalidArgument("cudnn workspace".into()))
+                }
             },
             |_: &mut Model| Err(wrong_at(Some(3..4))),
             kept,
             &mut |_| {},
         )
         .map(|_| ())
-        .unwrap_err()
-        .to_string();
-        assert_eq!(builds, 3);
+        .unwrap_err();
+        assert_eq!(builds, 2);
+        let msg = e.to_string();
+        assert!(matches!(e, EngineError::Runtime(_)), "{e:?}");
         assert!(
-            e.contains("built again without cudnn algo 1 at step 3, cudnn algo 6 at step 3"),
-            "{e}"
+            msg.contains("diverges is `c`")
+                && msg.contains("building again without cudnn algo 1 at step 3 failed")
+                && msg.contains("cudnn workspace"),
+            "{msg}"
         );
     }
 
@@ -262,6 +299,7 @@ mod tests {
                 Ok(Model(vec![StepPath {
                     step: 0,
                     path: format!("cudnn engine {}", barred.len()),
+                    shape: String::new(),
                 }]))
             },
             |_: &mut Model| Err(wrong_at(Some(0..1))),

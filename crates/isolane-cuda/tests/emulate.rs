@@ -1510,6 +1510,15 @@ fn plan_check_names_the_node_of_a_wrong_plan() {
             let steps = f.steps.expect("the diverging node's steps");
             let own = bad.steps.iter().rposition(|s| s.name == node).unwrap();
             let hook = steps.end - 1;
+            // From the steps run for the value compared before it (none before the first).
+            let ready = bad.probes.iter().find(|pr| pr.node == node).unwrap().ready;
+            let before = bad
+                .probes
+                .iter()
+                .map(|pr| pr.ready)
+                .filter(|&r| r < ready)
+                .max();
+            assert_eq!(steps.start, before.unwrap_or(0), "{node}: {steps:?}");
             assert!(
                 steps.contains(&own) && bad.steps[hook].name.starts_with(&format!("{node} (")),
                 "{node}: {steps:?} ({own})"

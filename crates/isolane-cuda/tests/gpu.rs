@@ -663,41 +663,61 @@ fn plan_check_refuses_a_wrong_plan_and_names_the_node() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_plan_wrong_at_a_convolution_is_built_again_without_its_path() {
-    use isolane_cuda::CompileOptions;
+    use isolane_cuda::{BuildOptions, CompileOptions, ConvPaths};
     let g = common::vector_conv_graph([16, 14, 14], 32, 3, 1, 1, Some(Unary::Relu));
-    let gpu = CudaBackend::new(0).expect("cuda backend");
-    let opt = isolane_engine::passes::optimize(&g, 1).expect("passes");
-    let conv = opt
-        .nodes
-        .iter()
-        .find(|n| matches!(n.op, isolane_engine::Op::Conv { .. }))
-        .expect("a convolution")
-        .name
-        .clone();
-    for p in [Precision::Fp32, Precision::Fp16] {
-        gpu.compile_cuda_with(&g, 1, p, &CompileOptions::default())
-            .expect("a right plan passes");
-        let opts = CompileOptions {
-            plan_check: true,
-            corrupt_node: Some(conv.clone()),
-        };
-        let e = match gpu.compile_cuda_with(&g, 1, p, &opts) {
-            Ok(_) => panic!("{p}: the corrupted {conv} passed the check"),
-            Err(e) => e.to_string(),
-        };
-        println!("{p}: {e}");
-        assert!(
-            e.contains(&format!("diverges is `{conv}`")) && e.contains("still wrong"),
-            "{p}: {e}"
-        );
-        let barred = e.rsplit("built again without ").next().unwrap_or_default();
-        let barred = barred.split(", and still wrong").next().unwrap_or_default();
-        let paths: Vec<&str> = barred.split(", ").collect();
-        assert!(paths.len() >= 2, "{p}: one path barred only: {e}");
-        let mut distinct = paths.clone();
-        distinct.sort();
-        distinct.dedup();
-        assert_eq!(distinct.len(), paths.len(), "{p}: a path barred twice: {e}");
+    // The default timed search, an MPS client's (GEMM path only, timed), and the untimed
+    // rule of sessions 11-29 (cuDNN's first choice), where a barred path brings others.
+    let timed = BuildOptions::default();
+    let gemm = BuildOptions {
+        conv_paths: ConvPaths::Gemm,
+        ..timed
+    };
+    let first = BuildOptions {
+        conv_paths: ConvPaths::Cudnn,
+        first_choice: true,
+        ..timed
+    };
+    for (what, build) in [("timed", timed), ("gemm", gemm), ("first", first)] {
+        let gpu = CudaBackend::new(0)
+            .expect("cuda backend")
+            .with_build_options(build);
+        let opt = isolane_engine::passes::optimize(&g, 1).expect("passes");
+        let conv = opt
+            .nodes
+            .iter()
+            .find(|n| matches!(n.op, isolane_engine::Op::Conv { .. }))
+            .expect("a convolution")
+            .name
+            .clone();
+        for p in [Precision::Fp32, Precision::Fp16] {
+            gpu.compile_cuda_with(&g, 1, p, &CompileOptions::default())
+                .expect("a right plan passes");
+            let opts = CompileOptions {
+                plan_check: true,
+                corrupt_node: Some(conv.clone()),
+            };
+            let e = match gpu.compile_cuda_with(&g, 1, p, &opts) {
+                Ok(_) => panic!("{what} {p}: the corrupted {conv} passed the check"),
+                Err(e) => e.to_string(),
+            };
+            println!("{what} {p}: {e}");
+            assert!(
+                e.contains(&format!("diverges is `{conv}`")) && e.contains("still wrong"),
+                "{what} {p}: {e}"
+            );
+            let barred = e.rsplit("built again without ").next().unwrap_or_default();
+            let barred = barred.split(", and still wrong").next().unwrap_or_default();
+            let paths: Vec<&str> = barred.split(", ").collect();
+            assert!(paths.len() >= 2, "{what} {p}: one path barred only: {e}");
+            let mut distinct = paths.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(
+                distinct.len(),
+                paths.len(),
+                "{what} {p}: a path barred twice: {e}"
+            );
+        }
     }
 }
 

@@ -281,11 +281,14 @@ pub(super) fn record_conv(
     let key = ConvKey::of(c);
     // Paths a check found wrong at this step (crate::rebuild): the others are tried, cuDNN's
     // next few and the GEMM path even where the build would try only cuDNN's first.
+    // A path barred at a convolution is barred at every convolution of its shape: an equal
+    // convolution runs the same kernel, and it would take the barred one from the cache.
     let step = m.step_start.len().saturating_sub(1);
+    let shape = format!("{key:?}");
     let barred: Vec<&str> = rec
         .barred
         .iter()
-        .filter(|b| b.step == step)
+        .filter(|b| b.step == step || b.shape == shape)
         .map(|b| b.path.as_str())
         .collect();
     // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
@@ -316,23 +319,9 @@ pub(super) fn record_conv(
             Err(_) => {}
         }
     }
-    let mut candidates: Vec<TimedPath> = dnn_descs
-        .iter()
-        .map(|&idx| {
-            let mut l = vec![Launch::Conv {
-                conv: idx,
-                x: rec.ptr(c.x),
-                w: rec.ptr(c.w),
-                y: rec.ptr(c.y),
-            }];
-            if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
-                l.push(conv_epilogue(rec, c, true, true));
-            }
-            (l, f32::INFINITY)
-        })
-        .collect();
+    let mut candidates = legacy_candidates(rec, c, &dnn_descs);
     // cuDNN's graph API: its heuristics' first engines, the epilogue fused where it can be.
-    let graph_first = candidates.len();
+    let mut graph_first = candidates.len();
     let graph_ptrs = ConvGraphPtrs {
         x: rec.ptr(c.x),
         w: rec.ptr(c.w),
@@ -366,7 +355,7 @@ pub(super) fn record_conv(
         }
         candidates.push((l, f32::INFINITY));
     }
-    let n_dnn_all = candidates.len();
+    let mut n_dnn_all = candidates.len();
     // The GEMM path where it is tried and could be kept (an untimed search keeps cuDNN's first
     // choice), where cuDNN found nothing (ISOLANE_CUDA_CONV=cudnn), and where a path was barred
     // at this step (then cuDNN is tried too, whatever the paths: crate::rebuild).
@@ -392,7 +381,17 @@ pub(super) fn record_conv(
                 }
                 candidates.push((l, f32::INFINITY));
             }
-            Err(e) if dnn_descs.is_empty() => return Err(err(e)),
+            // Where cuDNN was not asked (an MPS client's GEMM-only paths) and the GEMM path
+            // cannot run (no cuBLASLt algorithm computes it right), cuDNN's algorithms.
+            Err(e) if dnn_descs.is_empty() && candidates.is_empty() => {
+                let descs = conv_descs(m, c, rec, true).map_err(|_| err(e))?;
+                for d in descs {
+                    m.convs.push(d);
+                    dnn_descs.push(m.convs.len() - 1);
+                }
+                candidates = legacy_candidates(rec, c, &dnn_descs);
+                (graph_first, n_dnn_all) = (candidates.len(), candidates.len());
+            }
             Err(_) => {}
         }
     }
@@ -447,10 +446,31 @@ pub(super) fn record_conv(
     let kept = crate::rebuild::StepPath {
         step,
         path: name(chosen),
+        shape,
     };
     m.conv_paths.push(kept);
     m.launches.extend(candidates.swap_remove(chosen).0);
     Ok(())
+}
+
+/// cuDNN's legacy algorithms `dnn_descs` (indices into `m.convs`) as candidate paths of
+/// convolution `c`, each with our epilogue where the convolution has one.
+fn legacy_candidates(rec: &Recorder, c: &ConvStep, dnn_descs: &[usize]) -> Vec<TimedPath> {
+    dnn_descs
+        .iter()
+        .map(|&idx| {
+            let mut l = vec![Launch::Conv {
+                conv: idx,
+                x: rec.ptr(c.x),
+                w: rec.ptr(c.w),
+                y: rec.ptr(c.y),
+            }];
+            if c.bias.is_some() || c.residual.is_some() || c.act.is_some() {
+                l.push(conv_epilogue(rec, c, true, true));
+            }
+            (l, f32::INFINITY)
+        })
+        .collect()
 }
 
 /// The name of convolution path `i` among the candidates of [`record_conv`] (ordered as
