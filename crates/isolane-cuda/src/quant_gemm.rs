@@ -103,17 +103,21 @@ pub(super) fn record_quant_gemm(
     // float path is.
     let conv_paths_before = m.conv_paths.len();
     paths[FLOAT_PATH] = float_path(m, rec, caches, err, q, &alt.float);
-    // An untimed build keeps the int8 GEMM unless the graph is forced: then its plan (and a
-    // runtime-fusion engine's compile) would be made for nothing.
-    let graph_choosable =
-        !rec.options.first_choice || rec.options.quant_paths.forced() == Some(GRAPH_PATH);
+    // An untimed build keeps the int8 GEMM unless the graph is forced, and a forced path is
+    // kept untimed: otherwise the graph's plan (and a runtime-fusion engine's compile) would
+    // be made for nothing.
+    let graph_choosable = match rec.options.quant_paths.forced() {
+        Some(forced) => forced == GRAPH_PATH,
+        None => !rec.options.first_choice,
+    };
     match &alt.dnn_conv {
         Some(dc) if graph_choosable => {
             paths[GRAPH_PATH] = dnn_conv_graph(m, rec, caches, (name, q), alt, dc);
         }
         Some(_) => {
             paths[GRAPH_PATH] = Err(EngineError::Runtime(
-                "not built: an untimed build keeps the int8 GEMM".into(),
+                "not built: an untimed build keeps the int8 GEMM, a forced path is kept untimed"
+                    .into(),
             ))
         }
         None => {}
