@@ -185,6 +185,7 @@ mod tests {
             predicted_p99_ms: 0.99946 * 1.37,
             deadline_ms: 1.3232,
             worst_neighbour: Some(("be_vit_l_32".into(), 1.37)),
+            busy: None,
         };
         let mut said = Vec::new();
         let refused = answer(
