@@ -10,7 +10,8 @@
 //!   smallest size whose predicted tail, the measured p99.9 execution time × the stated
 //!   stretch beside neighbours, stays within `margin × deadline` (a 0.1 % timeout budget is a
 //!   p99.9 bound: planning on p99 let 0.12–0.17 % of jobs miss on the H100), and whose utilisation
-//!   (rate × mean execution time) stays under `max_util`. Sizes are searched by bisection,
+//!   (rate × mean execution time × the same stretch: a neighbour lengthens every job, not only
+//!   the tail) stays under `max_util`. Sizes are searched by bisection,
 //!   assuming a larger partition is never slower; then the sizes must fit the device together.
 //! - **time-slicing** (one size, the whole GPU): workloads take turns, so a job may wait for one
 //!   job of every other workload: predicted p99 = (own p99 + the others' p99) × stretch, and the
