@@ -1571,6 +1571,22 @@ mod tests {
         (profiles, [Some(0.99946), Some(0.345151), Some(1.076108)])
     }
 
+    /// A model's memory-system demand at batch 1 fp16 as the H200 fit recorded it
+    /// (`src/predict/h200-models.csv`).
+    fn h200_profile(model: &str) -> crate::predict::MemoryProfile {
+        let csv = include_str!("predict/h200-models.csv");
+        let r: Vec<&str> = (csv.lines().map(|l| l.split(',').collect::<Vec<_>>()))
+            .find(|r| r[0] == model && r[2] == "1")
+            .unwrap();
+        crate::predict::MemoryProfile {
+            dram_bytes_per_job: r[7].parse().unwrap(),
+            l2_footprint_bytes: r[8].parse().unwrap(),
+            resident: r[9] == "true",
+            flops_per_job: r[6].parse::<f64>().unwrap() * 1e9,
+            source: crate::predict::ProfileSource::Computed,
+        }
+    }
+
     #[test]
     fn a_critical_deadline_predicted_to_miss_beside_its_neighbours_is_named() {
         let dir = concat!(
@@ -1768,24 +1784,8 @@ mod tests {
     /// matrix's floor for CNN victims both are named, before the run.
     #[test]
     fn critical_cnns_that_missed_alone_together_on_the_h200_are_named() {
-        use crate::predict::{fitted, memory_system, predict, MemoryProfile, Neighbour};
-        let csv = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/predict/h200-models.csv"
-        ))
-        .unwrap();
-        let profile = |model: &str| {
-            let r: Vec<&str> = (csv.lines().map(|l| l.split(',').collect::<Vec<_>>()))
-                .find(|r| r[0] == model && r[2] == "1")
-                .unwrap();
-            MemoryProfile {
-                dram_bytes_per_job: r[7].parse().unwrap(),
-                l2_footprint_bytes: r[8].parse().unwrap(),
-                resident: r[9] == "true",
-                flops_per_job: r[6].parse::<f64>().unwrap() * 1e9,
-                source: crate::predict::ProfileSource::Computed,
-            }
-        };
+        use crate::predict::{fitted, memory_system, predict, Neighbour};
+        let profile = h200_profile;
         // (model, SMs, p99 alone, execution p99 alone, measured stretch beside the other,
         // missed % at the deadline), per trio.
         type Victim = (&'static str, u32, f64, f64, f64, f64);
@@ -1893,23 +1893,7 @@ mod tests {
     /// has no share.
     #[test]
     fn a_critical_model_predicted_busy_all_the_time_is_named_as_a_queue() {
-        let csv = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/predict/h200-models.csv"
-        ))
-        .unwrap();
-        let profile = |model: &str| {
-            let r: Vec<&str> = (csv.lines().map(|l| l.split(',').collect::<Vec<_>>()))
-                .find(|r| r[0] == model && r[2] == "1")
-                .unwrap();
-            crate::predict::MemoryProfile {
-                dram_bytes_per_job: r[7].parse().unwrap(),
-                l2_footprint_bytes: r[8].parse().unwrap(),
-                resident: r[9] == "true",
-                flops_per_job: r[6].parse::<f64>().unwrap() * 1e9,
-                source: crate::predict::ProfileSource::Computed,
-            }
-        };
+        let profile = h200_profile;
         // (name, model, SMs, execution p99 alone ms, rate, deadline ms): session 29's figures.
         let trio = |load: f64, best_effort: bool| {
             let mut toml = String::from(
