@@ -82,7 +82,7 @@ pub fn kernel_name(func: usize) -> Option<&'static str> {
 pub const LN_VEC_PER_LANE: &[usize] = &[1, 2, 3, 4, 6, 8];
 
 /// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
-pub const HALF_KERNEL_NAMES: &[&str] = &["attention"];
+pub const HALF_KERNEL_NAMES: &[&str] = &["attention", "qgemm_i8", "qgemm_f8"];
 
 /// Head dimension of the fused attention kernel.
 pub const ATTN_HEAD_DIM: usize = 64;
@@ -937,6 +937,26 @@ extern "C" __global__ void qgemm_fallback(const signed char* __restrict__ x, con
 // v = act(acc * scale[c] + bias[c] + res), c = i % n, one fused multiply-add; acc [rows, n] is
 // int32 (fp8 = 0) or f32 (fp8 = 1), scale f32; bias and res may be null. v is stored in T
 // (yq = 0), or quantized by ys for the next GEMM as quantize_q8 would (yq = 1: int8, 2: e4m3).
+// The epilogue's value of output i (column c): one fused multiply-add, the residual, the
+// activation. dequant_body and the qgemm kernels share it, so every path computes the same bits.
+__device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const T* res,
+                                           long long i, int k, float p0, float p1) {
+    float v = fmaf(a, sc, bias ? ld(bias, c) : 0.f);
+    if (res) v += ld(res, i);
+    return act(v, k, p0, p1);
+}
+// v stored at y[i] in T (yq = 0), or as stored in T first (what the FakeQuant step would have
+// read) then quantized by ys as quantize_q8 would (yq = 1: int8, 2: e4m3).
+__device__ __forceinline__ void epi_store(void* y, long long i, float v, float ys, int yq) {
+    if (yq == 0) {
+        st((T*)y, i, v);
+        return;
+    }
+    T t; st(&t, 0, v);
+    float r = __fdiv_rn(ld(&t, 0), ys);
+    if (yq == 2) ((unsigned char*)y)[i] = e4m3_bits(round_e4m3fn(r, 1));
+    else ((signed char*)y)[i] = r != r ? (signed char)0 : (signed char)fminf(fmaxf(rintf(r), -128.f), 127.f);
+}
 template <typename I>
 __device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
                                              const T* __restrict__ bias, const T* res, I total, I n, int fp8,
@@ -944,18 +964,7 @@ __device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void*
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I c = i % n;
         float a = fp8 ? ((const float*)acc)[i] : (float)((const int*)acc)[i];
-        float v = fmaf(a, scale[c], bias ? ld(bias, c) : 0.f);
-        if (res) v += ld(res, i);
-        v = act(v, k, p0, p1);
-        if (yq == 0) {
-            st((T*)y, i, v);
-        } else {
-            // The value as stored in T first: what the FakeQuant step would have read.
-            T t; st(&t, 0, v);
-            float r = __fdiv_rn(ld(&t, 0), ys);
-            if (yq == 2) ((unsigned char*)y)[i] = e4m3_bits(round_e4m3fn(r, 1));
-            else ((signed char*)y)[i] = r != r ? (signed char)0 : (signed char)fminf(fmaxf(rintf(r), -128.f), 127.f);
-        }
+        epi_store(y, i, epi_value(a, scale[c], bias, c, res, i, k, p0, p1), ys, yq);
     }
 }
 extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
@@ -1249,6 +1258,152 @@ extern "C" __global__ void __launch_bounds__(256) attention(const T* __restrict_
 }
 "#;
 
+/// The quantized products' own tensor-core GEMM with the epilogue fused (`qgemm_i8`,
+/// `qgemm_f8`: `crate::quant_gemm`'s own path, docs/cuda.md "int8 and fp8"). After the
+/// attention kernel, whose `cp_async16` it uses.
+const QGEMM: &str = r#"
+// y[m, n] = epilogue(sum_k xq[m, k] * w[n, k]) for one-byte xq [M, K] and w [N, K], both rows
+// K-contiguous (cuBLASLt's "TN"), by mma.sync m16n8k32 (int8: exact int32 sums, as cuBLASLt's;
+// e4m3: f32 sums, sm_89 and newer), then epi_value / epi_store per element, so the int8 result
+// is bit for bit the GEMM path's; ycopy (if set) also gets the int8 bytes of y by scale cs
+// (a residual's copy for the next GEMM, which a quantize kernel writes on the other paths).
+// What cuBLASLt's int32 path costs and this does not: the [M, N] int32 accumulator written and
+// read back (4 bytes an output, more than the int8 inputs and fp16 output together on 1x1
+// layers) and a second launch. Block: 128 x 128 outputs (QBM x QBN), 8 warps of 64 x 32,
+// K in tiles of 64 bytes by cp.async in two stages, rows padded to 80 bytes so that the
+// fragment loads hit 32 distinct banks. K a multiple of 16 (whole 16-byte chunks), N even,
+// xq and w 16-byte aligned, y and res 4-byte aligned (the Rust side checks). One block per
+// (M tile, N tile), N tiles fastest: the blocks that share an M tile run together and read it
+// from the L2.
+#define QBM 128
+#define QBN 128
+#define QBK 64
+#define QLD 80
+template <bool F8>
+__device__ __forceinline__ void mma_q8(int* c, const unsigned* a, unsigned b0, unsigned b1) {
+    if (F8) {
+#if __CUDA_ARCH__ >= 890
+        float* f = (float*)c;
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(f[0]), "+f"(f[1]), "+f"(f[2]), "+f"(f[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+// One stage: the block's 128 rows of xq and of w at k0, 16 bytes a chunk, two chunks of each
+// a thread; rows past M or N and chunks past K are zeros (they add nothing to a sum).
+__device__ __forceinline__ void qgemm_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+                                            signed char* sa, signed char* sb, int m0, int n0, int k0, int m, int n, int k) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int chunk = threadIdx.x + h * 256, r = chunk >> 2, kc = k0 + (chunk & 3) * 16;
+        bool kin = kc < k;
+        const signed char* a = xq + ((long long)(m0 + r) * k + kc);
+        const signed char* b = w + ((long long)(n0 + r) * k + kc);
+        cp_async16((unsigned)__cvta_generic_to_shared(sa + r * QLD + (chunk & 3) * 16),
+                   kin && m0 + r < m ? (const void*)a : (const void*)xq, kin && m0 + r < m ? 16 : 0);
+        cp_async16((unsigned)__cvta_generic_to_shared(sb + r * QLD + (chunk & 3) * 16),
+                   kin && n0 + r < n ? (const void*)b : (const void*)w, kin && n0 + r < n ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <bool F8>
+__device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+                                           void* y, const float* __restrict__ scale, const T* __restrict__ bias,
+                                           const T* res, signed char* ycopy, int m, int n, int k, int ak,
+                                           float p0, float p1, float ys, int yq, float cs) {
+    __shared__ __align__(16) signed char sa[2][QBM * QLD];
+    __shared__ __align__(16) signed char sb[2][QBN * QLD];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t4 = lane & 3;
+    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    int ntiles = (n + QBN - 1) / QBN;
+    int m0 = (int)(blockIdx.x / ntiles) * QBM, n0 = (int)(blockIdx.x % ntiles) * QBN;
+    int acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;  // 0.f has the same bits
+    int ktiles = (k + QBK - 1) / QBK;
+    qgemm_stage(xq, w, sa[0], sb[0], m0, n0, 0, m, n, k);
+    for (int kt = 0; kt < ktiles; ++kt) {
+        if (kt + 1 < ktiles) qgemm_stage(xq, w, sa[(kt + 1) & 1], sb[(kt + 1) & 1], m0, n0, (kt + 1) * QBK, m, n, k);
+        else asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncthreads();
+        const signed char* A = sa[kt & 1];
+        const signed char* B = sb[kt & 1];
+#pragma unroll
+        for (int kk = 0; kk < QBK; kk += 32) {
+            unsigned af[4][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const signed char* r = A + (wm + i * 16 + g) * QLD + kk + t4 * 4;
+                af[i][0] = *(const unsigned*)r;
+                af[i][1] = *(const unsigned*)(r + 8 * QLD);
+                af[i][2] = *(const unsigned*)(r + 16);
+                af[i][3] = *(const unsigned*)(r + 8 * QLD + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const signed char* r = B + (wn + j * 8 + g) * QLD + kk + t4 * 4;
+                bf[j][0] = *(const unsigned*)r;
+                bf[j][1] = *(const unsigned*)(r + 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_q8<F8>(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int row = m0 + wm + i * 16 + g + h * 8, col = n0 + wn + j * 8 + t4 * 2;
+                if (row >= m || col >= n) continue;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int a = acc[i][j][2 * h + e];
+                    float av = F8 ? __int_as_float(a) : (float)a;
+                    long long at = (long long)row * n + col + e;
+                    float v = epi_value(av, scale[col + e], bias, col + e, res, at, ak, p0, p1);
+                    epi_store(y, at, v, ys, yq);
+                    if (ycopy) epi_store(ycopy, at, v, cs, F8 ? 2 : 1);
+                }
+            }
+}
+extern "C" __global__ void __launch_bounds__(256) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+        void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+#if __CUDA_ARCH__ >= 800
+    qgemm_body<false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+#else
+    // Never launched: the build offers this path on sm_80 and newer only.
+    __trap();
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256) qgemm_f8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+        void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+#if __CUDA_ARCH__ >= 890
+    qgemm_body<true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+#else
+    // Never launched: the build offers this path on sm_89 and newer only.
+    __trap();
+#endif
+}
+"#;
+
 /// The 16-bit types' pair and vector accesses, over their `u2f2` / `f2u2` conversions.
 const HALF_ACCESS: &str = r#"// Elements i and i + 1 (i even, the pointer 4-byte aligned).
 __device__ __forceinline__ void ld2(const T* p, long long i, float& a, float& b) { u2f2(*(const unsigned*)(p + i), a, b); }
@@ -1428,6 +1583,9 @@ pub fn source(dtype: DType) -> String {
         DType::F32 => {}
         DType::F16 => s.push_str(&ATTENTION.replace("__MMA__", "f16")),
         DType::Bf16 => s.push_str(&ATTENTION.replace("__MMA__", "bf16")),
+    }
+    if dtype != DType::F32 {
+        s.push_str(QGEMM);
     }
     with_grid_dep_wait(&s)
 }

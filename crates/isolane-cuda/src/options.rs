@@ -45,6 +45,11 @@ pub enum QuantPaths {
     Graph,
     /// `ISOLANE_CUDA_QUANT=bytes`: the GEMM with x quantized before its im2col.
     Bytes,
+    /// `ISOLANE_CUDA_QUANT=own`: the own tensor-core kernel with the epilogue fused, on the
+    /// GEMM path's rows.
+    Own,
+    /// `ISOLANE_CUDA_QUANT=own-bytes`: the own kernel on the rows of the bytes' im2col.
+    OwnBytes,
 }
 
 impl QuantPaths {
@@ -57,6 +62,8 @@ impl QuantPaths {
             QuantPaths::Float => Some(2),
             QuantPaths::Graph => Some(3),
             QuantPaths::Bytes => Some(4),
+            QuantPaths::Own => Some(5),
+            QuantPaths::OwnBytes => Some(6),
         }
     }
 }
@@ -217,6 +224,8 @@ impl BuildOptions {
                 Some("float") => QuantPaths::Float,
                 Some("graph") => QuantPaths::Graph,
                 Some("bytes") => QuantPaths::Bytes,
+                Some("own") => QuantPaths::Own,
+                Some("own-bytes") => QuantPaths::OwnBytes,
                 // As an MPS client with part of the threads a quantized product keeps the int8
                 // GEMM, as the untimed rule of sessions 11-29 did: cuDNN's int8 paths are not
                 // known to be right there, and a rebuild bars convolution paths only.

@@ -90,6 +90,8 @@ pub(super) fn record_quant_gemm(
         Err(EngineError::Runtime(
             "no im2col of floats to replace (a direct 1×1, a Linear, or x already bytes)".into(),
         )),
+        Err(EngineError::Runtime("not built".into())),
+        Err(EngineError::Runtime("not built".into())),
     ];
     if let Some(dc) = &alt.dnn_conv {
         paths[1] = match q.qtype {
@@ -127,12 +129,25 @@ pub(super) fn record_quant_gemm(
             paths[4] = quantized_before_im2col(rec, q, c, xb, gemm);
         }
     }
+    // The own kernel in place of the GEMM and the epilogue of paths 0 and 4 (their last two
+    // launches), before either takes its copy's quantize below.
+    paths[OWN_PATH] = match &paths[0] {
+        Ok(gemm) => own_gemm(rec, q, gemm),
+        Err(_) => Err(EngineError::Runtime(
+            "no GEMM path to take the rows of".into(),
+        )),
+    };
+    paths[OWN_BYTES_PATH] = match &paths[4] {
+        Ok(bytes) => own_gemm(rec, q, bytes),
+        Err(e) => Err(EngineError::Runtime(format!("{e}"))),
+    };
     // y's bytes for the next GEMMs (after path 4 took the GEMM path's last two launches):
-    // a quantize kernel after each path but the graph, which writes them itself where it can.
+    // a quantize kernel after each path but the graph and the own kernel, which write them
+    // themselves (the graph where it can).
     if let Some((yc, s)) = q.y_copy {
         let fp8 = q.qtype != QuantType::Int8;
         for (i, p) in paths.iter_mut().enumerate() {
-            if let (false, Ok(l)) = (i == GRAPH_PATH, p) {
+            if let (false, Ok(l)) = (writes_own_copy(i), p) {
                 l.push(quantize_launch(rec, q.y, yc, s, q.m * q.n, fp8));
             }
         }
@@ -369,7 +384,7 @@ fn reads_copy(q: &QuantGemmStep, chosen: usize, copy: Loc) -> bool {
         .and_then(|a| a.dnn_conv.as_ref())
         .map(|c| c.x);
     match chosen {
-        0 => q.xq_ready && q.xq == copy,
+        0 | OWN_PATH => q.xq_ready && q.xq == copy,
         1 | GRAPH_PATH => dnn_x == Some(copy),
         FLOAT_PATH => q.x_quantized && q.x == copy,
         _ => false,
@@ -487,12 +502,23 @@ fn ms_or_failed(ms: f32) -> String {
     }
 }
 
-/// The candidates of a quantized product ([`crate::plan::QuantAlternatives`]).
-const PATHS: usize = 5;
+/// The candidates of a quantized product ([`crate::plan::QuantAlternatives`], then the own
+/// kernel after path 0's and path 4's rows).
+const PATHS: usize = 7;
 /// The float step's place among them.
 const FLOAT_PATH: usize = 2;
 /// cuDNN's fused quantized graph's.
 const GRAPH_PATH: usize = 3;
+/// The own tensor-core GEMM with its epilogue fused (`qgemm_i8` / `qgemm_f8`), on the rows
+/// path 0 makes (none made where x is already the rows' bytes).
+const OWN_PATH: usize = 5;
+/// The same on the rows path 4 makes (x quantized whole, its bytes im2col'ed).
+const OWN_BYTES_PATH: usize = 6;
+
+/// Whether candidate `path` writes the producer's copy of y itself (no quantize after it).
+fn writes_own_copy(path: usize) -> bool {
+    matches!(path, GRAPH_PATH | OWN_PATH | OWN_BYTES_PATH)
+}
 
 /// The candidates' best times where they are timed (`None`: not built, or failed to run).
 fn time_paths(
@@ -544,6 +570,8 @@ fn describe_choice(
         float_label(plain, dtype),
         format!("cudnn {qtype} graph"),
         format!("{qtype} gemm, quantized before its im2col"),
+        format!("{qtype} own gemm"),
+        format!("{qtype} own gemm, quantized before its im2col"),
     ];
     let each: Vec<String> = (0..PATHS)
         .map(|i| match (&paths[i], times[i]) {
@@ -1082,6 +1110,100 @@ fn record_int8_gemm(
     Ok(())
 }
 
+/// Bytes of the own kernel's K tile chunks: K must be whole chunks, its rows 16-byte aligned.
+const OWN_K_CHUNK: usize = 16;
+
+/// Why the own tensor-core kernel cannot run `q`, if it cannot: its kernel is in the 16-bit
+/// modules only and needs the device's 8-bit `mma.sync` (int8 on sm_80, e4m3 on sm_89 and
+/// newer), K in whole 16-byte chunks, N even (an output pair a thread), sizes within `int`.
+pub(crate) fn own_gemm_refusal(
+    q: &QuantGemmStep,
+    arch: (i32, i32),
+    half_module: bool,
+) -> Option<String> {
+    let (name, need) = match q.qtype {
+        QuantType::Int8 => ("int8", (8, 0)),
+        _ => ("float8", (8, 9)),
+    };
+    if !half_module {
+        return Some(
+            "the activations are fp32 (the own kernel is in the fp16/bf16 modules)".into(),
+        );
+    }
+    if arch < need {
+        return Some(format!(
+            "the device is sm_{}{}: {name} mma.sync needs sm_{}{} or newer",
+            arch.0, arch.1, need.0, need.1
+        ));
+    }
+    if !q.k.is_multiple_of(OWN_K_CHUNK) || !q.n.is_multiple_of(2) {
+        return Some(format!(
+            "K = {} is not a multiple of {OWN_K_CHUNK} or N = {} is odd",
+            q.k, q.n
+        ));
+    }
+    let tiles = q.m.div_ceil(128) * q.n.div_ceil(128);
+    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || tiles > u32::MAX as usize {
+        return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
+    }
+    None
+}
+
+/// The own kernel in place of the last two launches (the GEMM, the epilogue) of a GEMM path
+/// `rows_path`, which made `xq` (or found it made): one launch that also writes y's copy.
+fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<Vec<Launch>> {
+    let int8 = q.qtype == QuantType::Int8;
+    let func = if int8 { "qgemm_i8" } else { "qgemm_f8" };
+    let half_module = rec.half_names.contains(&func);
+    if let Some(why) = own_gemm_refusal(q, rec.arch, half_module) {
+        return Err(EngineError::Runtime(why));
+    }
+    let (xq, w) = (rec.ptr(q.xq), rec.ptr(q.w));
+    if !xq.is_multiple_of(16) || !w.is_multiple_of(16) || !rec.ptr(q.y).is_multiple_of(4) {
+        return Err(EngineError::Runtime(
+            "its rows, weights or output are not 16-byte aligned".into(),
+        ));
+    }
+    let tail = rows_path
+        .len()
+        .checked_sub(2)
+        .ok_or_else(|| EngineError::Runtime("a GEMM path without its GEMM".into()))?;
+    let (k, p0, p1) = act_code(q.act, rec.dtype);
+    let yq = match (q.y_scale, int8) {
+        (None, _) => 0,
+        (Some(_), true) => 1,
+        (Some(_), false) => 2,
+    };
+    let (copy, cs) = q.y_copy.map_or((0, 1.0), |(c, s)| (rec.ptr(c), s));
+    let tiles = q.m.div_ceil(128) * q.n.div_ceil(128);
+    let mut l = rows_path[..tail].to_vec();
+    l.push(Launch::Kernel {
+        func: rec.func(func),
+        grid: tiles as u32,
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(xq),
+            Arg::Ptr(w),
+            Arg::Ptr(rec.ptr(q.y)),
+            Arg::Ptr(rec.ptr(q.scale)),
+            Arg::Ptr(q.bias.map_or(0, |b| rec.ptr(b))),
+            Arg::Ptr(q.residual.map_or(0, |r| rec.ptr(r))),
+            Arg::Ptr(copy),
+            Arg::I32(q.m as i32),
+            Arg::I32(q.n as i32),
+            Arg::I32(q.k as i32),
+            Arg::I32(k),
+            Arg::F32(p0),
+            Arg::F32(p1),
+            Arg::F32(q.y_scale.unwrap_or(1.0)),
+            Arg::I32(yq),
+            Arg::F32(cs),
+        ],
+    });
+    Ok(l)
+}
+
 /// The im2col of a convolution's quantized NHWC input (one byte per element, as its
 /// producer's epilogue left it) into the quantized matrix, 4 channels per 32-bit word.
 fn im2col_bytes_launch(rec: &Recorder, c: &ConvStep, col: Loc) -> Result<Launch> {
@@ -1246,8 +1368,12 @@ fn quant_matmul(m: &mut CudaModel, rec: &Recorder, q: &QuantGemmStep) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::{choose_path, describe_choice, splice_steps, whole_graph_wins, GraphAlt};
+    use super::{
+        choose_path, describe_choice, own_gemm_refusal, reads_copy, splice_steps, whole_graph_wins,
+        writes_own_copy, GraphAlt, FLOAT_PATH, GRAPH_PATH, OWN_BYTES_PATH, OWN_PATH, PATHS,
+    };
     use crate::model::Launch;
+    use crate::plan::QuantGemmStep;
 
     /// A launch told apart by its byte count (no GPU: never issued).
     fn l(n: usize) -> Launch {
@@ -1465,13 +1591,14 @@ mod tests {
     fn the_search_log_says_plain_fp16_where_the_float_step_reads_x_unquantized() {
         let built = || Ok(Vec::new());
         let none = || Err(crate::EngineError::Runtime("not planned".into()));
-        let paths = [built(), none(), built(), none(), none()];
-        let times = [Some(0.5), None, Some(0.3), None, None];
+        let paths = [built(), none(), built(), none(), none(), built(), none()];
+        let times = [Some(0.5), None, Some(0.3), None, None, Some(0.4), None];
         let line = |plain, dtype| {
             describe_choice("c3", QuantType::Int8, (plain, dtype), &paths, &times, 2)
         };
         let plain = line(true, DType::F16);
         assert!(plain.ends_with("kept float (plain fp16)"), "{plain}");
+        assert!(plain.contains("int8 own gemm 0.4000 ms"), "{plain}");
         assert!(plain.contains("float (plain fp16) 0.3000 ms"), "{plain}");
         let fq = line(false, DType::F16);
         assert!(
@@ -1483,8 +1610,11 @@ mod tests {
 
     #[test]
     fn the_fastest_timed_candidate_is_kept_and_the_quantized_path_on_a_tie() {
-        let all = [true; 5];
-        let t = |a, b, c, d| [Some(a), Some(b), Some(c), Some(d), None];
+        // The first five candidates as before the own kernel; it is neither built nor timed.
+        let b = |v: [bool; 5]| [v[0], v[1], v[2], v[3], v[4], false, false];
+        let o = |v: [Option<f32>; 5]| [v[0], v[1], v[2], v[3], v[4], None, None];
+        let all = b([true; 5]);
+        let t = |a, b, c, d| o([Some(a), Some(b), Some(c), Some(d), None]);
         // fp16 faster than every quantized path: the float step.
         assert_eq!(choose_path(&all, &t(0.30, 0.25, 0.20, 0.22)), 2);
         // cuDNN's int8 convolution, then its fused graph, fastest.
@@ -1494,21 +1624,110 @@ mod tests {
         assert_eq!(choose_path(&all, &t(0.2, 0.2, 0.2, 0.2)), 0);
         assert_eq!(choose_path(&all, &t(0.3, 0.2, 0.2, 0.2)), 1);
         // A candidate not built or that failed to run has no time, and is never kept.
-        let no_dnn = [true, false, true, false, false];
+        let no_dnn = b([true, false, true, false, false]);
         assert_eq!(
-            choose_path(&no_dnn, &[Some(0.3), None, Some(0.2), None, None]),
+            choose_path(&no_dnn, &o([Some(0.3), None, Some(0.2), None, None])),
             2
         );
-        assert_eq!(choose_path(&all, &[None, None, Some(0.9), None, None]), 2);
+        assert_eq!(
+            choose_path(&all, &o([None, None, Some(0.9), None, None])),
+            2
+        );
         // The GEMM with x quantized before its im2col.
-        let last = [Some(0.3), None, Some(0.2), None, Some(0.1)];
+        let last = o([Some(0.3), None, Some(0.2), None, Some(0.1)]);
         assert_eq!(choose_path(&all, &last), 4);
+        // The own kernel where it is fastest, on either rows; a tie with the GEMM keeps the GEMM.
+        let own = [true; PATHS];
+        let mut times = [
+            Some(0.3),
+            None,
+            Some(0.2),
+            Some(0.15),
+            Some(0.2),
+            Some(0.1),
+            None,
+        ];
+        assert_eq!(choose_path(&own, &times), OWN_PATH);
+        times[OWN_BYTES_PATH] = Some(0.09);
+        assert_eq!(choose_path(&own, &times), OWN_BYTES_PATH);
+        assert_eq!(
+            choose_path(&own, &[Some(0.1), None, None, None, None, Some(0.1), None]),
+            0
+        );
         // Nothing timed (an MPS client with part of the threads): the int8 GEMM, as before the
         // choice existed; where it is not built, the next one built.
-        assert_eq!(choose_path(&all, &[None; 5]), 0);
+        assert_eq!(choose_path(&all, &[None; PATHS]), 0);
         assert_eq!(
-            choose_path(&[false, false, true, true, true], &[None; 5]),
+            choose_path(&b([false, false, true, true, true]), &[None; PATHS]),
             2
         );
+    }
+
+    /// The own kernel reads a producer's copy as the GEMM does (its rows), so the copy keeps
+    /// its writer; it writes its own copy itself, as the graph does, so no quantize follows it.
+    #[test]
+    fn the_own_kernel_reads_and_writes_copies_as_the_gemm_and_the_graph_do() {
+        use crate::plan::StepKind;
+        let p = block_plan();
+        let readers: Vec<&QuantGemmStep> = p
+            .steps
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StepKind::QuantGemm(q) if q.xq_ready => Some(&**q),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !readers.is_empty(),
+            "the block has a GEMM on its producer's bytes"
+        );
+        for q in readers {
+            assert!(reads_copy(q, 0, q.xq));
+            assert!(reads_copy(q, OWN_PATH, q.xq));
+            assert!(!reads_copy(q, OWN_BYTES_PATH, q.xq));
+        }
+        assert!(writes_own_copy(OWN_PATH) && writes_own_copy(OWN_BYTES_PATH));
+        assert!(writes_own_copy(GRAPH_PATH));
+        assert!(!writes_own_copy(0) && !writes_own_copy(4) && !writes_own_copy(FLOAT_PATH));
+    }
+
+    /// Where the own kernel cannot run, the search log says why: fp32 activations, a device
+    /// without 8-bit mma.sync (e4m3 from sm_89), K not whole 16-byte chunks, an odd N.
+    #[test]
+    fn the_own_kernel_is_refused_where_it_cannot_run_and_says_why() {
+        use crate::plan::StepKind;
+        use isolane_engine::quant::QuantType;
+        let p = block_plan();
+        let q = p
+            .steps
+            .iter()
+            .find_map(|s| match &s.kind {
+                StepKind::QuantGemm(q) => Some((**q).clone()),
+                _ => None,
+            })
+            .expect("a quantized product");
+        let k16 = QuantGemmStep {
+            k: 64,
+            n: 16,
+            ..q.clone()
+        };
+        assert_eq!(own_gemm_refusal(&k16, (9, 0), true), None);
+        assert_eq!(own_gemm_refusal(&k16, (8, 0), true), None);
+        let why = |q: &QuantGemmStep, arch, half| own_gemm_refusal(q, arch, half).unwrap();
+        assert!(why(&k16, (9, 0), false).contains("fp32"));
+        assert!(why(&k16, (7, 5), true).contains("sm_80"));
+        let fp8 = QuantGemmStep {
+            qtype: QuantType::Float8E4M3Fn,
+            ..k16.clone()
+        };
+        assert!(why(&fp8, (8, 6), true).contains("sm_89"));
+        assert_eq!(own_gemm_refusal(&fp8, (8, 9), true), None);
+        let k = QuantGemmStep {
+            k: 147,
+            ..k16.clone()
+        };
+        assert!(why(&k, (9, 0), true).contains("K = 147"));
+        let n = QuantGemmStep { n: 1001, ..k16 };
+        assert!(why(&n, (9, 0), true).contains("N = 1001"));
     }
 }

@@ -931,6 +931,26 @@ fn quant_gemm_path_matches_the_exact_reference_layer_by_layer() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The own tensor-core kernel (candidates 5 and 6, docs/cuda.md "int8 and fp8": `mma.sync`
+/// on 8-bit operands, the epilogue and the block output's quantized copy fused) forced on
+/// every layer where it is built, against the exact CPU reference layer by layer: int8 on the
+/// GEMM path's rows and on the bytes' im2col, fp8 on the GEMM path's rows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quant_own_kernel_matches_the_exact_reference_layer_by_layer() {
+    use isolane_cuda::options::QuantPaths;
+    use isolane_engine::calibrate::CalibMethod;
+    use isolane_engine::quant::QuantType;
+    let int8 = (QuantType::Int8, CalibMethod::Percentile(99.99));
+    let fp8 = (QuantType::Float8E4M3Fn, CalibMethod::MinMax);
+    let mut failures = quant_layers_against_the_reference(QuantPaths::Own, &[int8, fp8]);
+    failures.extend(quant_layers_against_the_reference(
+        QuantPaths::OwnBytes,
+        &[int8],
+    ));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// cuDNN's fused quantized graph (candidate 3, docs/cuda.md "int8 and fp8": the int8 or e4m3
 /// convolution, per-channel scale, bias, residual, ReLU and, where the next layer is a
 /// quantized convolution, the output's requantization in one graph) forced on every layer

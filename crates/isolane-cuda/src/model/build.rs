@@ -44,6 +44,7 @@ impl CudaModel {
             dtype: plan.dtype,
             es: plan.dtype.size(),
             half_names,
+            arch,
             scratch: scratch.ptr,
             ws_cap,
             mm_scratch: mm_scratch.ptr,

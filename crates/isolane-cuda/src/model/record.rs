@@ -37,6 +37,8 @@ pub(super) struct Recorder<'a> {
     pub(super) dtype: DType,
     pub(super) es: usize,
     pub(super) half_names: &'static [&'static str],
+    /// The device's compute capability (which of the module's kernels may run).
+    pub(super) arch: (i32, i32),
     /// Device scratch of `ws_cap` bytes: cuDNN's workspace while candidates are timed.
     pub(super) scratch: u64,
     pub(super) ws_cap: usize,
