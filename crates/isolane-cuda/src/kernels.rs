@@ -120,6 +120,12 @@ pub const ATTN_BLOCKS: &[(usize, usize)] =
 pub const fn attn_shared_bytes(key_groups: usize) -> usize {
     key_groups * 2 * 64 * 72 * 2
 }
+/// Dynamic shared memory of the `qgemm_i8` / `qgemm_f8` kernels: 3 stages of 128 + 128 rows
+/// of 144 bytes (a K tile of 128 bytes, padded). Above 48 KiB: set on the kernel at load, and
+/// the own path is offered only where the device allows it per block.
+pub const QGEMM_SHARED_BYTES: usize = 3 * (128 + 128) * 144;
+/// Outputs a `qgemm_*` block computes along M and along N.
+pub const QGEMM_TILE: usize = 128;
 /// The most dynamic shared memory any [`ATTN_BLOCKS`] shape asks for (set on the kernel at
 /// load: above 48 KiB a kernel must opt in).
 pub const ATTN_MAX_SHARED_BYTES: usize = attn_shared_bytes(4);
@@ -1265,20 +1271,24 @@ const QGEMM: &str = r#"
 // y[m, n] = epilogue(sum_k xq[m, k] * w[n, k]) for one-byte xq [M, K] and w [N, K], both rows
 // K-contiguous (cuBLASLt's "TN"), by mma.sync m16n8k32 (int8: exact int32 sums, as cuBLASLt's;
 // e4m3: f32 sums, sm_89 and newer), then epi_value / epi_store per element, so the int8 result
-// is bit for bit the GEMM path's; ycopy (if set) also gets the int8 bytes of y by scale cs
-// (a residual's copy for the next GEMM, which a quantize kernel writes on the other paths).
+// is bit for bit the GEMM path's; ycopy (if set) also gets the bytes of y by scale cs (a
+// residual's copy for the next GEMM, which a quantize kernel writes on the other paths).
 // What cuBLASLt's int32 path costs and this does not: the [M, N] int32 accumulator written and
 // read back (4 bytes an output, more than the int8 inputs and fp16 output together on 1x1
-// layers) and a second launch. Block: 128 x 128 outputs (QBM x QBN), 8 warps of 64 x 32,
-// K in tiles of 64 bytes by cp.async in two stages, rows padded to 80 bytes so that the
-// fragment loads hit 32 distinct banks. K a multiple of 16 (whole 16-byte chunks), N even,
-// xq and w 16-byte aligned, y and res 4-byte aligned (the Rust side checks). One block per
+// layers) and a second launch. Block: 128 x 128 outputs (QBM x QBN), 8 warps of 64 x 32, K in
+// tiles of 128 bytes by cp.async, QSTAGES deep (dynamic shared memory, QGEMM_SHARED_BYTES),
+// rows padded to 144 bytes so that the fragment loads hit 32 distinct banks. The epilogue goes
+// through shared memory a 16-row slice of a warp at a time, a lane a column: stores coalesce,
+// and its code (the activation's switch) is not unrolled per accumulator, which made the first
+// version's code ~1 MB and its every instruction a cache miss. K a multiple of 16 (whole
+// 16-byte chunks), N even, xq and w 16-byte aligned (the Rust side checks). One block per
 // (M tile, N tile), N tiles fastest: the blocks that share an M tile run together and read it
 // from the L2.
 #define QBM 128
 #define QBN 128
-#define QBK 64
-#define QLD 80
+#define QBK 128
+#define QLD 144
+#define QSTAGES 3
 template <bool F8>
 __device__ __forceinline__ void mma_q8(int* c, const unsigned* a, unsigned b0, unsigned b1) {
     if (F8) {
@@ -1294,20 +1304,22 @@ __device__ __forceinline__ void mma_q8(int* c, const unsigned* a, unsigned b0, u
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 }
-// One stage: the block's 128 rows of xq and of w at k0, 16 bytes a chunk, two chunks of each
-// a thread; rows past M or N and chunks past K are zeros (they add nothing to a sum).
+// One stage: the block's 128 rows of xq and of w from k0, 8 chunks of 16 bytes a row, four
+// chunks of each a thread; rows past M or N and chunks past K are zeros (they add nothing).
+// Always one cp.async group, empty past the last tile, so that the waits count tiles.
 __device__ __forceinline__ void qgemm_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
-                                            signed char* sa, signed char* sb, int m0, int n0, int k0, int m, int n, int k) {
+                                            signed char* sa, int m0, int n0, int k0, int m, int n, int k, bool any) {
+    if (any) {
+        signed char* sb = sa + QBM * QLD;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        int chunk = threadIdx.x + h * 256, r = chunk >> 2, kc = k0 + (chunk & 3) * 16;
-        bool kin = kc < k;
-        const signed char* a = xq + ((long long)(m0 + r) * k + kc);
-        const signed char* b = w + ((long long)(n0 + r) * k + kc);
-        cp_async16((unsigned)__cvta_generic_to_shared(sa + r * QLD + (chunk & 3) * 16),
-                   kin && m0 + r < m ? (const void*)a : (const void*)xq, kin && m0 + r < m ? 16 : 0);
-        cp_async16((unsigned)__cvta_generic_to_shared(sb + r * QLD + (chunk & 3) * 16),
-                   kin && n0 + r < n ? (const void*)b : (const void*)w, kin && n0 + r < n ? 16 : 0);
+        for (int h = 0; h < 4; ++h) {
+            int chunk = threadIdx.x + h * 256, r = chunk >> 3, c = (chunk & 7) * 16, kc = k0 + c;
+            bool ain = kc < k && m0 + r < m, bin = kc < k && n0 + r < n;
+            cp_async16((unsigned)__cvta_generic_to_shared(sa + r * QLD + c),
+                       ain ? (const void*)(xq + ((long long)(m0 + r) * k + kc)) : (const void*)xq, ain ? 16 : 0);
+            cp_async16((unsigned)__cvta_generic_to_shared(sb + r * QLD + c),
+                       bin ? (const void*)(w + ((long long)(n0 + r) * k + kc)) : (const void*)w, bin ? 16 : 0);
+        }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -1316,8 +1328,8 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
                                            void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                            const T* res, signed char* ycopy, int m, int n, int k, int ak,
                                            float p0, float p1, float ys, int yq, float cs) {
-    __shared__ __align__(16) signed char sa[2][QBM * QLD];
-    __shared__ __align__(16) signed char sb[2][QBN * QLD];
+    extern __shared__ __align__(16) signed char qsm[];
+    const int stage_bytes = (QBM + QBN) * QLD;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, t4 = lane & 3;
     int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
@@ -1331,14 +1343,17 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;  // 0.f has the same bits
     int ktiles = (k + QBK - 1) / QBK;
-    qgemm_stage(xq, w, sa[0], sb[0], m0, n0, 0, m, n, k);
+#pragma unroll
+    for (int s = 0; s < QSTAGES - 1; ++s) qgemm_stage(xq, w, qsm + s * stage_bytes, m0, n0, s * QBK, m, n, k, s < ktiles);
     for (int kt = 0; kt < ktiles; ++kt) {
-        if (kt + 1 < ktiles) qgemm_stage(xq, w, sa[(kt + 1) & 1], sb[(kt + 1) & 1], m0, n0, (kt + 1) * QBK, m, n, k);
-        else asm volatile("cp.async.commit_group;" ::: "memory");
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        // Tile kt has landed (at most QSTAGES - 2 later groups pending) and every warp is
+        // done with the buffer the next load overwrites (tile kt - 1's).
+        asm volatile("cp.async.wait_group %0;" :: "n"(QSTAGES - 2) : "memory");
         __syncthreads();
-        const signed char* A = sa[kt & 1];
-        const signed char* B = sb[kt & 1];
+        int next = kt + QSTAGES - 1;
+        qgemm_stage(xq, w, qsm + (next % QSTAGES) * stage_bytes, m0, n0, next * QBK, m, n, k, next < ktiles);
+        const signed char* A = qsm + (kt % QSTAGES) * stage_bytes;
+        const signed char* B = A + QBM * QLD;
 #pragma unroll
         for (int kk = 0; kk < QBK; kk += 32) {
             unsigned af[4][4], bf[4][2];
@@ -1361,26 +1376,36 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma_q8<F8>(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
-        __syncthreads();
     }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    // The epilogue: each warp's 64 x 32 outputs, 16 rows at a time, through its own 16 x 33
+    // words of shared memory; then lane l takes column wn + l down the 16 rows.
+    int* ws = (int*)qsm + warp * (16 * 33);
+    int col = n0 + wn + lane;
+    float sc = col < n ? scale[col] : 0.f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                int row = m0 + wm + i * 16 + g + h * 8, col = n0 + wn + j * 8 + t4 * 2;
-                if (row >= m || col >= n) continue;
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    int a = acc[i][j][2 * h + e];
-                    float av = F8 ? __int_as_float(a) : (float)a;
-                    long long at = (long long)row * n + col + e;
-                    float v = epi_value(av, scale[col + e], bias, col + e, res, at, ak, p0, p1);
-                    epi_store(y, at, v, ys, yq);
-                    if (ycopy) epi_store(ycopy, at, v, cs, F8 ? 2 : 1);
-                }
+                for (int e = 0; e < 2; ++e) ws[(g + 8 * h) * 33 + j * 8 + t4 * 2 + e] = acc[i][j][2 * h + e];
+        __syncwarp();
+        int row0 = m0 + wm + i * 16;
+        if (col < n) {
+#pragma unroll 1
+            for (int r = 0; r < 16 && row0 + r < m; ++r) {
+                int a = ws[r * 33 + lane];
+                long long at = (long long)(row0 + r) * n + col;
+                float v = epi_value(F8 ? __int_as_float(a) : (float)a, sc, bias, col, res, at, ak, p0, p1);
+                epi_store(y, at, v, ys, yq);
+                if (ycopy) epi_store(ycopy, at, v, cs, F8 ? 2 : 1);
             }
+        }
+        __syncwarp();
+    }
 }
 extern "C" __global__ void __launch_bounds__(256) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,

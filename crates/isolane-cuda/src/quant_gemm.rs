@@ -1118,7 +1118,7 @@ const OWN_K_CHUNK: usize = 16;
 /// newer), K in whole 16-byte chunks, N even (an output pair a thread), sizes within `int`.
 pub(crate) fn own_gemm_refusal(
     q: &QuantGemmStep,
-    arch: (i32, i32),
+    (arch, smem_optin): ((i32, i32), usize),
     half_module: bool,
 ) -> Option<String> {
     let (name, need) = match q.qtype {
@@ -1136,13 +1136,19 @@ pub(crate) fn own_gemm_refusal(
             arch.0, arch.1, need.0, need.1
         ));
     }
+    if smem_optin < kernels::QGEMM_SHARED_BYTES {
+        return Some(format!(
+            "the device lets a block have {smem_optin} bytes of shared memory, the kernel needs {}",
+            kernels::QGEMM_SHARED_BYTES
+        ));
+    }
     if !q.k.is_multiple_of(OWN_K_CHUNK) || !q.n.is_multiple_of(2) {
         return Some(format!(
             "K = {} is not a multiple of {OWN_K_CHUNK} or N = {} is odd",
             q.k, q.n
         ));
     }
-    let tiles = q.m.div_ceil(128) * q.n.div_ceil(128);
+    let tiles = q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE);
     if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || tiles > u32::MAX as usize {
         return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
     }
@@ -1155,7 +1161,7 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
     let int8 = q.qtype == QuantType::Int8;
     let func = if int8 { "qgemm_i8" } else { "qgemm_f8" };
     let half_module = rec.half_names.contains(&func);
-    if let Some(why) = own_gemm_refusal(q, rec.arch, half_module) {
+    if let Some(why) = own_gemm_refusal(q, (rec.arch, rec.smem_optin), half_module) {
         return Err(EngineError::Runtime(why));
     }
     let (xq, w) = (rec.ptr(q.xq), rec.ptr(q.w));
@@ -1175,13 +1181,13 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
         (Some(_), false) => 2,
     };
     let (copy, cs) = q.y_copy.map_or((0, 1.0), |(c, s)| (rec.ptr(c), s));
-    let tiles = q.m.div_ceil(128) * q.n.div_ceil(128);
+    let tiles = q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE);
     let mut l = rows_path[..tail].to_vec();
     l.push(Launch::Kernel {
         func: rec.func(func),
         grid: tiles as u32,
         block: BLOCK,
-        shared: 0,
+        shared: kernels::QGEMM_SHARED_BYTES as u32,
         args: vec![
             Arg::Ptr(xq),
             Arg::Ptr(w),
@@ -1695,6 +1701,8 @@ mod tests {
     /// without 8-bit mma.sync (e4m3 from sm_89), K not whole 16-byte chunks, an odd N.
     #[test]
     fn the_own_kernel_is_refused_where_it_cannot_run_and_says_why() {
+        /// What a Hopper block may opt in to (227 KiB).
+        const H100_SMEM: usize = 232_448;
         use crate::plan::StepKind;
         use isolane_engine::quant::QuantType;
         let p = block_plan();
@@ -1711,9 +1719,10 @@ mod tests {
             n: 16,
             ..q.clone()
         };
-        assert_eq!(own_gemm_refusal(&k16, (9, 0), true), None);
-        assert_eq!(own_gemm_refusal(&k16, (8, 0), true), None);
-        let why = |q: &QuantGemmStep, arch, half| own_gemm_refusal(q, arch, half).unwrap();
+        assert_eq!(own_gemm_refusal(&k16, ((9, 0), H100_SMEM), true), None);
+        assert_eq!(own_gemm_refusal(&k16, ((8, 0), H100_SMEM), true), None);
+        let why =
+            |q: &QuantGemmStep, arch, half| own_gemm_refusal(q, (arch, H100_SMEM), half).unwrap();
         assert!(why(&k16, (9, 0), false).contains("fp32"));
         assert!(why(&k16, (7, 5), true).contains("sm_80"));
         let fp8 = QuantGemmStep {
@@ -1721,13 +1730,19 @@ mod tests {
             ..k16.clone()
         };
         assert!(why(&fp8, (8, 6), true).contains("sm_89"));
-        assert_eq!(own_gemm_refusal(&fp8, (8, 9), true), None);
+        assert_eq!(own_gemm_refusal(&fp8, ((8, 9), H100_SMEM), true), None);
         let k = QuantGemmStep {
             k: 147,
             ..k16.clone()
         };
         assert!(why(&k, (9, 0), true).contains("K = 147"));
-        let n = QuantGemmStep { n: 1001, ..k16 };
+        let n = QuantGemmStep {
+            n: 1001,
+            ..k16.clone()
+        };
         assert!(why(&n, (9, 0), true).contains("N = 1001"));
+        // An Ada GPU's 99 KiB a block is below the kernel's three stages.
+        let ada = own_gemm_refusal(&k16, ((8, 9), 101_376), true).unwrap();
+        assert!(ada.contains("101376 bytes of shared memory"), "{ada}");
     }
 }

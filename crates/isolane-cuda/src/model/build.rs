@@ -45,6 +45,7 @@ impl CudaModel {
             es: plan.dtype.size(),
             half_names,
             arch,
+            smem_optin: device_smem_optin()?,
             scratch: scratch.ptr,
             ws_cap,
             mm_scratch: mm_scratch.ptr,
@@ -148,6 +149,26 @@ impl CudaModel {
             cu_check("cuModuleGetFunction", unsafe {
                 cu::cuModuleGetFunction(&mut f, raw, c.as_ptr())
             })?;
+            let optin = match *name {
+                // The own quantized GEMM is offered only where the device allows its shared
+                // memory (crate::quant_gemm::own_gemm_refusal).
+                "qgemm_i8" | "qgemm_f8"
+                    if arch.0 >= 8 && device_smem_optin()? >= kernels::QGEMM_SHARED_BYTES =>
+                {
+                    Some(kernels::QGEMM_SHARED_BYTES)
+                }
+                _ => None,
+            };
+            if let Some(bytes) = optin {
+                // SAFETY: f is a function of the module just loaded.
+                cu_check("cuFuncSetAttribute", unsafe {
+                    cu::cuFuncSetAttribute(
+                        f,
+                        cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                })?;
+            }
             if *name == "attention" && arch.0 >= 8 {
                 // Its larger block shapes take more than the 48 KiB of dynamic shared memory
                 // a kernel gets without opting in (it runs on sm_80 and newer only: every one

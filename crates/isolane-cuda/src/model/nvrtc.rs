@@ -24,6 +24,23 @@ pub(crate) fn device_sm_count() -> Result<u32> {
         .ok_or_else(|| EngineError::Runtime(format!("the device reports {sms} SMs")))
 }
 
+/// The most shared memory a block of the current context's device may opt in to (bytes).
+pub(crate) fn device_smem_optin() -> Result<usize> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer, a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let mut bytes = 0;
+    // SAFETY: valid out-pointer and device.
+    cu_check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut bytes,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            dev,
+        )
+    })?;
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 pub(crate) fn device_arch() -> Result<(i32, i32)> {
     let mut dev: cu::CUdevice = 0;
     // SAFETY: valid out-pointer, a context is current.

@@ -39,6 +39,8 @@ pub(super) struct Recorder<'a> {
     pub(super) half_names: &'static [&'static str],
     /// The device's compute capability (which of the module's kernels may run).
     pub(super) arch: (i32, i32),
+    /// The most shared memory a block may opt in to on the device (bytes).
+    pub(super) smem_optin: usize,
     /// Device scratch of `ws_cap` bytes: cuDNN's workspace while candidates are timed.
     pub(super) scratch: u64,
     pub(super) ws_cap: usize,
