@@ -945,15 +945,23 @@ extern "C" __global__ void qgemm_fallback(const signed char* __restrict__ x, con
 // (yq = 0), or quantized by ys for the next GEMM as quantize_q8 would (yq = 1: int8, 2: e4m3).
 // The epilogue's value of output i (column c): one fused multiply-add, the residual, the
 // activation. dequant_body and the qgemm kernels share it, so every path computes the same bits.
+// ACT: the activation known when compiled (0 none, 1 ReLU: act's cases 0 and 1, the same
+// arithmetic), or -1 for act's switch on k.
+template <int ACT>
 __device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const T* res,
                                            long long i, int k, float p0, float p1) {
     float v = fmaf(a, sc, bias ? ld(bias, c) : 0.f);
     if (res) v += ld(res, i);
+    if (ACT == 0) return v;
+    if (ACT == 1) return fmaxf(v, 0.f);
     return act(v, k, p0, p1);
 }
 // v stored at y[i] in T (yq = 0), or as stored in T first (what the FakeQuant step would have
-// read) then quantized by ys as quantize_q8 would (yq = 1: int8, 2: e4m3).
+// read) then quantized by ys as quantize_q8 would (yq = 1: int8, 2: e4m3). YQ: yq known when
+// compiled (0, 1, 2), or -1 (yq read at run time).
+template <int YQ>
 __device__ __forceinline__ void epi_store(void* y, long long i, float v, float ys, int yq) {
+    if (YQ >= 0) yq = YQ;
     if (yq == 0) {
         st((T*)y, i, v);
         return;
@@ -970,7 +978,7 @@ __device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void*
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I c = i % n;
         float a = fp8 ? ((const float*)acc)[i] : (float)((const int*)acc)[i];
-        epi_store(y, i, epi_value(a, scale[c], bias, c, res, i, k, p0, p1), ys, yq);
+        epi_store<-1>(y, i, epi_value<-1>(a, scale[c], bias, c, res, i, k, p0, p1), ys, yq);
     }
 }
 extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
@@ -1323,7 +1331,19 @@ __device__ __forceinline__ void qgemm_stage(const signed char* __restrict__ xq, 
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-template <bool F8>
+// One output of the qgemm epilogue: its value, y, and the copy's bytes.
+template <bool F8, int ACT>
+__device__ __forceinline__ void qgemm_out(int a, int row, int col, int n, float sc, const T* __restrict__ bias,
+                                          const T* res, void* y, signed char* ycopy, int ak, float p0, float p1,
+                                          float ys, int yq, float cs) {
+    long long at = (long long)row * n + col;
+    float v = epi_value<ACT>(F8 ? __int_as_float(a) : (float)a, sc, bias, col, res, at, ak, p0, p1);
+    // yq is 0 or the kernel's own byte type (crate::quant_gemm): one store path compiled each.
+    if (yq == 0) epi_store<0>(y, at, v, ys, 0);
+    else epi_store<F8 ? 2 : 1>(y, at, v, ys, yq);
+    if (ycopy) epi_store<F8 ? 2 : 1>(ycopy, at, v, cs, F8 ? 2 : 1);
+}
+template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                            void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                            const T* res, signed char* ycopy, int m, int n, int k, int ak,
@@ -1395,33 +1415,41 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
         __syncwarp();
         int row0 = m0 + wm + i * 16;
         if (col < n) {
+            // Four rows at a time where the activation is known (none, ReLU: a few
+            // instructions a row, and four rows' residual loads in flight together; all 16
+            // made ~200 KB of code an instantiation); act's whole switch once otherwise.
+            if (ACT >= 0) {
+#pragma unroll 4
+                for (int r = 0; r < 16; ++r)
+                    if (row0 + r < m) qgemm_out<F8, ACT>(ws[r * 33 + lane], row0 + r, col, n, sc, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
+            } else {
 #pragma unroll 1
-            for (int r = 0; r < 16 && row0 + r < m; ++r) {
-                int a = ws[r * 33 + lane];
-                long long at = (long long)(row0 + r) * n + col;
-                float v = epi_value(F8 ? __int_as_float(a) : (float)a, sc, bias, col, res, at, ak, p0, p1);
-                epi_store(y, at, v, ys, yq);
-                if (ycopy) epi_store(ycopy, at, v, cs, F8 ? 2 : 1);
+                for (int r = 0; r < 16 && row0 + r < m; ++r)
+                    qgemm_out<F8, ACT>(ws[r * 33 + lane], row0 + r, col, n, sc, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
             }
         }
         __syncwarp();
     }
 }
-extern "C" __global__ void __launch_bounds__(256) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
 #if __CUDA_ARCH__ >= 800
-    qgemm_body<false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    if (ak == 0) qgemm_body<false, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else if (ak == 1) qgemm_body<false, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else qgemm_body<false, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
 #else
     // Never launched: the build offers this path on sm_80 and newer only.
     __trap();
 #endif
 }
-extern "C" __global__ void __launch_bounds__(256) qgemm_f8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(256, 2) qgemm_f8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
 #if __CUDA_ARCH__ >= 890
-    qgemm_body<true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    if (ak == 0) qgemm_body<true, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else if (ak == 1) qgemm_body<true, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else qgemm_body<true, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
 #else
     // Never launched: the build offers this path on sm_89 and newer only.
     __trap();
