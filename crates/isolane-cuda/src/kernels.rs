@@ -944,32 +944,39 @@ extern "C" __global__ void qgemm_fallback(const signed char* __restrict__ x, con
 // int32 (fp8 = 0) or f32 (fp8 = 1), scale f32; bias and res may be null. v is stored in T
 // (yq = 0), or quantized by ys for the next GEMM as quantize_q8 would (yq = 1: int8, 2: e4m3).
 // The epilogue's value of output i (column c): one fused multiply-add, the residual, the
-// activation. dequant_body and the qgemm kernels share it, so every path computes the same bits.
+// activation (epi_math: dequant_body and the qgemm kernels share it, so every path computes the
+// same bits).
 // ACT: the activation known when compiled (0 none, 1 ReLU: act's cases 0 and 1, the same
 // arithmetic), or -1 for act's switch on k.
 template <int ACT>
-__device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const T* res,
-                                           long long i, int k, float p0, float p1) {
-    float v = fmaf(a, sc, bias ? ld(bias, c) : 0.f);
-    if (res) v += ld(res, i);
+__device__ __forceinline__ float epi_math(float a, float sc, float b, bool has_r, float r, int k, float p0, float p1) {
+    float v = fmaf(a, sc, b);
+    if (has_r) v += r;
     if (ACT == 0) return v;
     if (ACT == 1) return fmaxf(v, 0.f);
     return act(v, k, p0, p1);
 }
-// v stored at y[i] in T (yq = 0), or as stored in T first (what the FakeQuant step would have
-// read) then quantized by ys as quantize_q8 would (yq = 1: int8, 2: e4m3). YQ: yq known when
-// compiled (0, 1, 2), or -1 (yq read at run time).
+template <int ACT>
+__device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const T* res,
+                                           long long i, int k, float p0, float p1) {
+    return epi_math<ACT>(a, sc, bias ? ld(bias, c) : 0.f, res != nullptr, res ? ld(res, i) : 0.f, k, p0, p1);
+}
+// The byte of v for the next GEMM: v as stored in T first (what the FakeQuant step would have
+// read), divided by ys, rounded and saturated as quantize_q8 does (YQ = 1: int8, 2: e4m3).
+template <int YQ>
+__device__ __forceinline__ unsigned char epi_byte(float v, float ys) {
+    T t; st(&t, 0, v);
+    float r = __fdiv_rn(ld(&t, 0), ys);
+    if (YQ == 2) return e4m3_bits(round_e4m3fn(r, 1));
+    return (unsigned char)(r != r ? (signed char)0 : (signed char)fminf(fmaxf(rintf(r), -128.f), 127.f));
+}
+// v stored at y[i]: in T (yq = 0), or as its byte (yq = 1: int8, 2: e4m3). YQ: yq known when
+// compiled (0, 1, 2), or -1 (read at run time).
 template <int YQ>
 __device__ __forceinline__ void epi_store(void* y, long long i, float v, float ys, int yq) {
     if (YQ >= 0) yq = YQ;
-    if (yq == 0) {
-        st((T*)y, i, v);
-        return;
-    }
-    T t; st(&t, 0, v);
-    float r = __fdiv_rn(ld(&t, 0), ys);
-    if (yq == 2) ((unsigned char*)y)[i] = e4m3_bits(round_e4m3fn(r, 1));
-    else ((signed char*)y)[i] = r != r ? (signed char)0 : (signed char)fminf(fmaxf(rintf(r), -128.f), 127.f);
+    if (yq == 0) st((T*)y, i, v);
+    else ((unsigned char*)y)[i] = yq == 2 ? epi_byte<2>(v, ys) : epi_byte<1>(v, ys);
 }
 template <typename I>
 __device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
@@ -1297,6 +1304,7 @@ const QGEMM: &str = r#"
 #define QBK 128
 #define QLD 144
 #define QSTAGES 3
+#define QELD 132
 template <bool F8>
 __device__ __forceinline__ void mma_q8(int* c, const unsigned* a, unsigned b0, unsigned b1) {
     if (F8) {
@@ -1331,17 +1339,43 @@ __device__ __forceinline__ void qgemm_stage(const signed char* __restrict__ xq, 
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-// One output of the qgemm epilogue: its value, y, and the copy's bytes.
+// Eight outputs of the qgemm epilogue (row, col .. col + 7; the residual's already loaded, or
+// null): epi_value's arithmetic each, y stored as 16 bytes (or 8 bytes of its byte type), and
+// the copy's 8 bytes.
+// Eight bytes of v for the next GEMM, packed little-endian.
+template <int YQ>
+__device__ __forceinline__ uint2 epi_bytes8(const float* v, float s) {
+    unsigned w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j >> 2] |= (unsigned)epi_byte<YQ>(v[j], s) << (8 * (j & 3));
+    return make_uint2(w[0], w[1]);
+}
 template <bool F8, int ACT>
-__device__ __forceinline__ void qgemm_out(int a, int row, int col, int n, float sc, const T* __restrict__ bias,
-                                          const T* res, void* y, signed char* ycopy, int ak, float p0, float p1,
-                                          float ys, int yq, float cs) {
+__device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m, int n, const float* __restrict__ scale,
+                                           const T* __restrict__ bias, bool has_r, uint4 rw, void* y, signed char* ycopy,
+                                           int ak, float p0, float p1, float ys, int yq, float cs) {
+    if (row >= m || col >= n) return;
+    float r[8];
+    u2f2(rw.x, r[0], r[1]);
+    u2f2(rw.y, r[2], r[3]);
+    u2f2(rw.z, r[4], r[5]);
+    u2f2(rw.w, r[6], r[7]);
+    int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 4);
+    int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    float4 s0 = *(const float4*)(scale + col), s1 = *(const float4*)(scale + col + 4);
+    float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    float bv[8];
+    if (bias) ldv(bias, col, bv);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        float a = F8 ? __int_as_float(av[j]) : (float)av[j];
+        v[j] = epi_math<ACT>(a, sv[j], bias ? bv[j] : 0.f, has_r, r[j], ak, p0, p1);
+    }
     long long at = (long long)row * n + col;
-    float v = epi_value<ACT>(F8 ? __int_as_float(a) : (float)a, sc, bias, col, res, at, ak, p0, p1);
-    // yq is 0 or the kernel's own byte type (crate::quant_gemm): one store path compiled each.
-    if (yq == 0) epi_store<0>(y, at, v, ys, 0);
-    else epi_store<F8 ? 2 : 1>(y, at, v, ys, yq);
-    if (ycopy) epi_store<F8 ? 2 : 1>(ycopy, at, v, cs, F8 ? 2 : 1);
+    if (yq == 0) stv((T*)y, at, v);
+    else *(uint2*)((unsigned char*)y + at) = epi_bytes8<F8 ? 2 : 1>(v, ys);
+    if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = epi_bytes8<F8 ? 2 : 1>(v, cs);
 }
 template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
@@ -1399,36 +1433,43 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
-    // The epilogue: each warp's 64 x 32 outputs, 16 rows at a time, through its own 16 x 33
-    // words of shared memory; then lane l takes column wn + l down the 16 rows.
-    int* ws = (int*)qsm + warp * (16 * 33);
-    int col = n0 + wn + lane;
-    float sc = col < n ? scale[col] : 0.f;
+    // The epilogue: the block's 128 x 128 sums through shared memory (rows of QELD words, 16-byte
+    // aligned), then each thread takes 8 runs of 8 columns (a 16-byte residual load and y store,
+    // 16 threads a row), every run's residual loaded before any is computed: the loads in flight
+    // are what a memory-bound 1x1 with a residual waits on.
+    int* ws = (int*)qsm;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) ws[(g + 8 * h) * 33 + j * 8 + t4 * 2 + e] = acc[i][j][2 * h + e];
-        __syncwarp();
-        int row0 = m0 + wm + i * 16;
-        if (col < n) {
-            // Four rows at a time where the activation is known (none, ReLU: a few
-            // instructions a row, and four rows' residual loads in flight together; all 16
-            // made ~200 KB of code an instantiation); act's whole switch once otherwise.
-            if (ACT >= 0) {
-#pragma unroll 4
-                for (int r = 0; r < 16; ++r)
-                    if (row0 + r < m) qgemm_out<F8, ACT>(ws[r * 33 + lane], row0 + r, col, n, sc, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
-            } else {
-#pragma unroll 1
-                for (int r = 0; r < 16 && row0 + r < m; ++r)
-                    qgemm_out<F8, ACT>(ws[r * 33 + lane], row0 + r, col, n, sc, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
+            for (int h = 0; h < 2; ++h) {
+                int r = wm + i * 16 + g + 8 * h, c = wn + j * 8 + t4 * 2;
+                *(int2*)(ws + r * QELD + c) = make_int2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
+    __syncthreads();
+    // The residual's 8 values a run as their raw 16 bytes (T is 2 bytes in these modules).
+    if (ACT >= 0) {
+        uint4 rw[8];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
+            rw[s] = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
         }
-        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256;
+            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, m0 + (it >> 4), n0 + (it & 15) * 8, m, n, scale, bias,
+                                res != nullptr, rw[s], y, ycopy, ak, p0, p1, ys, yq, cs);
+        }
+    } else {
+#pragma unroll 1
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
+            uint4 rw = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
+            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, row, col, m, n, scale, bias, res != nullptr, rw,
+                                y, ycopy, ak, p0, p1, ys, yq, cs);
+        }
     }
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,

@@ -1112,10 +1112,13 @@ fn record_int8_gemm(
 
 /// Bytes of the own kernel's K tile chunks: K must be whole chunks, its rows 16-byte aligned.
 const OWN_K_CHUNK: usize = 16;
+/// Columns of one epilogue access (16 bytes of a 16-bit y, residual or bias).
+const OWN_N_RUN: usize = 8;
 
 /// Why the own tensor-core kernel cannot run `q`, if it cannot: its kernel is in the 16-bit
 /// modules only and needs the device's 8-bit `mma.sync` (int8 on sm_80, e4m3 on sm_89 and
-/// newer), K in whole 16-byte chunks, N even (an output pair a thread), sizes within `int`.
+/// newer), K in whole 16-byte chunks, N in runs of 8 (its epilogue's 16-byte accesses), sizes
+/// within `int`.
 pub(crate) fn own_gemm_refusal(
     q: &QuantGemmStep,
     (arch, smem_optin): ((i32, i32), usize),
@@ -1142,9 +1145,9 @@ pub(crate) fn own_gemm_refusal(
             kernels::QGEMM_SHARED_BYTES
         ));
     }
-    if !q.k.is_multiple_of(OWN_K_CHUNK) || !q.n.is_multiple_of(2) {
+    if !q.k.is_multiple_of(OWN_K_CHUNK) || !q.n.is_multiple_of(OWN_N_RUN) {
         return Some(format!(
-            "K = {} is not a multiple of {OWN_K_CHUNK} or N = {} is odd",
+            "K = {} is not a multiple of {OWN_K_CHUNK} or N = {} not a multiple of {OWN_N_RUN}",
             q.k, q.n
         ));
     }
@@ -1165,9 +1168,23 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
         return Err(EngineError::Runtime(why));
     }
     let (xq, w) = (rec.ptr(q.xq), rec.ptr(q.w));
-    if !xq.is_multiple_of(16) || !w.is_multiple_of(16) || !rec.ptr(q.y).is_multiple_of(4) {
+    let sixteen = [
+        Some(q.xq),
+        Some(q.w),
+        Some(q.y),
+        Some(q.scale),
+        q.bias,
+        q.residual,
+    ];
+    let copy8 = q.y_copy.is_none_or(|(c, _)| rec.ptr(c).is_multiple_of(8));
+    if !copy8
+        || sixteen
+            .iter()
+            .flatten()
+            .any(|&l| !rec.ptr(l).is_multiple_of(16))
+    {
         return Err(EngineError::Runtime(
-            "its rows, weights or output are not 16-byte aligned".into(),
+            "an operand is not 16-byte aligned (or the copy 8-byte)".into(),
         ));
     }
     let tail = rows_path
@@ -1740,7 +1757,12 @@ mod tests {
             n: 1001,
             ..k16.clone()
         };
-        assert!(why(&n, (9, 0), true).contains("N = 1001"));
+        assert!(why(&n, (9, 0), true).contains("N = 1001 not a multiple of 8"));
+        let n = QuantGemmStep {
+            n: 20,
+            ..k16.clone()
+        };
+        assert!(why(&n, (9, 0), true).contains("N = 20"));
         // An Ada GPU's 99 KiB a block is below the kernel's three stages.
         let ada = own_gemm_refusal(&k16, ((8, 9), 101_376), true).unwrap();
         assert!(ada.contains("101376 bytes of shared memory"), "{ada}");
