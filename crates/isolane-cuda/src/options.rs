@@ -46,7 +46,7 @@ pub enum QuantPaths {
     /// `ISOLANE_CUDA_QUANT=bytes`: the GEMM with x quantized before its im2col.
     Bytes,
     /// `ISOLANE_CUDA_QUANT=own`: the own tensor-core kernel with the epilogue fused, on the
-    /// GEMM path's rows.
+    /// GEMM path's rows (built only when forced: slower than cuDNN's graph on the H200).
     Own,
     /// `ISOLANE_CUDA_QUANT=own-bytes`: the own kernel on the rows of the bytes' im2col.
     OwnBytes,

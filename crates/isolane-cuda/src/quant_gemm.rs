@@ -130,17 +130,33 @@ pub(super) fn record_quant_gemm(
         }
     }
     // The own kernel in place of the GEMM and the epilogue of paths 0 and 4 (their last two
-    // launches), before either takes its copy's quantize below.
-    paths[OWN_PATH] = match &paths[0] {
-        Ok(gemm) => own_gemm(rec, q, gemm),
-        Err(_) => Err(EngineError::Runtime(
-            "no GEMM path to take the rows of".into(),
-        )),
-    };
-    paths[OWN_BYTES_PATH] = match &paths[4] {
-        Ok(bytes) => own_gemm(rec, q, bytes),
-        Err(e) => Err(EngineError::Runtime(format!("{e}"))),
-    };
+    // launches), before either takes its copy's quantize below. Built only where forced: on the
+    // H200 it lost to cuDNN's fused graph on every resnet50 layer at batch 1 and 64 (session
+    // 31, docs/cuda.md), so timing it would only lengthen every build.
+    let own_forced = matches!(
+        rec.options.quant_paths.forced(),
+        Some(OWN_PATH | OWN_BYTES_PATH)
+    );
+    if own_forced {
+        paths[OWN_PATH] = match &paths[0] {
+            Ok(gemm) => own_gemm(rec, q, gemm),
+            Err(_) => Err(EngineError::Runtime(
+                "no GEMM path to take the rows of".into(),
+            )),
+        };
+        paths[OWN_BYTES_PATH] = match &paths[4] {
+            Ok(bytes) => own_gemm(rec, q, bytes),
+            Err(e) => Err(EngineError::Runtime(format!("{e}"))),
+        };
+    } else {
+        for p in [OWN_PATH, OWN_BYTES_PATH] {
+            paths[p] = Err(EngineError::Runtime(
+                "not built unless forced (ISOLANE_CUDA_QUANT=own / own-bytes): slower than \
+                 cuDNN's graph on the H200"
+                    .into(),
+            ));
+        }
+    }
     // y's bytes for the next GEMMs (after path 4 took the GEMM path's last two launches):
     // a quantize kernel after each path but the graph and the own kernel, which write them
     // themselves (the graph where it can).
