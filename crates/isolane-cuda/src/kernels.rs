@@ -82,7 +82,7 @@ pub fn kernel_name(func: usize) -> Option<&'static str> {
 pub const LN_VEC_PER_LANE: &[usize] = &[1, 2, 3, 4, 6, 8];
 
 /// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
-pub const HALF_KERNEL_NAMES: &[&str] = &["attention", "qgemm_i8", "qgemm_f8"];
+pub const HALF_KERNEL_NAMES: &[&str] = &["attention", "qgemm_i8", "qgemm_f8", "qgemm_i8_wg"];
 
 /// Head dimension of the fused attention kernel.
 pub const ATTN_HEAD_DIM: usize = 64;
@@ -126,6 +126,116 @@ pub const fn attn_shared_bytes(key_groups: usize) -> usize {
 pub const QGEMM_SHARED_BYTES: usize = 3 * (128 + 128) * 144;
 /// Outputs a `qgemm_*` block computes along M and along N.
 pub const QGEMM_TILE: usize = 128;
+/// Dynamic shared memory of `qgemm_i8_wg`: 3 stages of 128 + 128 rows of 128 bytes in 128-byte
+/// swizzle atoms, and 1,024 bytes to align the first atom (wgmma's descriptors want 1,024).
+pub const QGEMM_WG_SHARED_BYTES: usize = 3 * (128 + 128) * 128 + 1024;
+
+/// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is
+/// built for `sm_90a` on compute capability 9.0, `model::nvrtc::kernel_cubin`): the same
+/// product and epilogue as `qgemm_i8`, its sums by `wgmma.mma_async` (two warpgroups of 64 rows ×
+/// 128 columns, A and B read from shared memory through descriptors) instead of `mma.sync`,
+/// which on Hopper runs at a fraction of `wgmma`'s rate (session 31: `qgemm_i8` was 1.6–13×
+/// slower than cuDNN's int8 engines, which use `wgmma`).
+fn qgemm_wgmma_source() -> String {
+    let regs: Vec<String> = (0..64).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..64).map(|i| format!("\"+r\"(d[{i}])")).collect();
+    QGEMM_WG
+        .replace("__WG_REGS__", &regs.join(", "))
+        .replace("__WG_OUTS__", &outs.join(", "))
+}
+
+const QGEMM_WG: &str = r#"
+// qgemm_i8 on Hopper's wgmma (sm_90a). Block: 256 threads = 2 warpgroups, 128 x 128 outputs,
+// warpgroup g the rows 64g .. 64g + 63 by wgmma.m64n128k32 (s8 x s8 -> exact s32, the same sums
+// as the other paths). K in tiles of 128 bytes, three stages by cp.async into 128-byte swizzle
+// atoms (8 rows x 128 bytes; the 16-byte chunk c of row r at c ^ (r % 8)), the layout the
+// K-major descriptors name (swizzle mode 1, 1,024 bytes between 8-row groups); a tile's four
+// k-steps of 32 bytes advance the descriptors' start by 32 bytes. Each thread's cp.async writes
+// are made visible to wgmma (the async proxy) by fence.proxy.async before the block barrier.
+// The sums then go through shared memory to qgemm_epilogue, as qgemm_i8's do.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_mma(int* d, unsigned long long da, unsigned long long db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {__WG_REGS__}, %64, %65, 1;"
+                 : __WG_OUTS__
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+                                               unsigned sa, int m0, int n0, int k0, int m, int n, int k, bool any) {
+    if (any) {
+        unsigned sb = sa + 128 * 128;
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            int chunk = threadIdx.x + h * 256, r = chunk >> 3, c = chunk & 7, kc = k0 + c * 16;
+            unsigned off = r * 128 + ((c ^ (r & 7)) << 4);
+            bool ain = kc < k && m0 + r < m, bin = kc < k && n0 + r < n;
+            cp_async16(sa + off, ain ? (const void*)(xq + ((long long)(m0 + r) * k + kc)) : (const void*)xq, ain ? 16 : 0);
+            cp_async16(sb + off, bin ? (const void*)(w + ((long long)(n0 + r) * k + kc)) : (const void*)w, bin ? 16 : 0);
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int ACT>
+__device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+                                              void* y, const float* __restrict__ scale, const T* __restrict__ bias,
+                                              const T* res, signed char* ycopy, int m, int n, int k, int ak,
+                                              float p0, float p1, float ys, int yq, float cs) {
+    extern __shared__ __align__(16) signed char qsm[];
+    const unsigned stage_bytes = 2 * 128 * 128;
+    unsigned raw = (unsigned)__cvta_generic_to_shared(qsm);
+    unsigned base = (raw + 1023u) & ~1023u;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    int ntiles = (n + QBN - 1) / QBN;
+    int m0 = (int)(blockIdx.x / ntiles) * QBM, n0 = (int)(blockIdx.x % ntiles) * QBN;
+    int d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0;
+    int ktiles = (k + QBK - 1) / QBK;
+#pragma unroll
+    for (int s = 0; s < QSTAGES - 1; ++s) qgemm_wg_stage(xq, w, base + s * stage_bytes, m0, n0, s * QBK, m, n, k, s < ktiles);
+    for (int kt = 0; kt < ktiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(QSTAGES - 2) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        int next = kt + QSTAGES - 1;
+        qgemm_wg_stage(xq, w, base + (next % QSTAGES) * stage_bytes, m0, n0, next * QBK, m, n, k, next < ktiles);
+        unsigned a = base + (kt % QSTAGES) * stage_bytes + wg * 64 * 128, b = base + (kt % QSTAGES) * stage_bytes + 128 * 128;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wg_mma(d, wg_desc(a + kk * 32), wg_desc(b + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    // The sums through shared memory: warp w of warpgroup g holds rows 64g + 16(w % 4) + lane / 4
+    // (+ 8), columns 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3], as mma's C fragments.
+    int* ws = (int*)(qsm + (base - raw));
+    int g = lane >> 2, t4 = lane & 3, r0 = wg * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        *(int2*)(ws + r0 * QELD + j * 8 + t4 * 2) = make_int2(d[4 * j], d[4 * j + 1]);
+        *(int2*)(ws + (r0 + 8) * QELD + j * 8 + t4 * 2) = make_int2(d[4 * j + 2], d[4 * j + 3]);
+    }
+    __syncthreads();
+    qgemm_epilogue<false, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
+}
+#endif
+extern "C" __global__ void __launch_bounds__(256, 1) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+        void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (ak == 0) qgemm_wg_body<0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else if (ak == 1) qgemm_wg_body<1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else qgemm_wg_body<-1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+#else
+    // Never launched: the build offers it on compute capability 9.0 (its module built for sm_90a).
+    __trap();
+#endif
+}
+"#;
 /// The most dynamic shared memory any [`ATTN_BLOCKS`] shape asks for (set on the kernel at
 /// load: above 48 KiB a kernel must opt in).
 pub const ATTN_MAX_SHARED_BYTES: usize = attn_shared_bytes(4);
@@ -1377,6 +1487,38 @@ __device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m
     else *(uint2*)((unsigned char*)y + at) = epi_bytes8<F8 ? 2 : 1>(v, ys);
     if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = epi_bytes8<F8 ? 2 : 1>(v, cs);
 }
+// The epilogue of a qgemm block whose 128 x 128 sums are in shared memory (ws, rows of QELD
+// words): each thread takes 8 runs of 8 columns (a 16-byte residual load and y store, 16
+// threads a row), every run's residual loaded before any is computed: the loads in flight are
+// what a memory-bound 1x1 with a residual waits on.
+template <bool F8, int ACT>
+__device__ __forceinline__ void qgemm_epilogue(const int* ws, int m0, int n0, int m, int n, const float* __restrict__ scale,
+                                               const T* __restrict__ bias, const T* res, void* y, signed char* ycopy,
+                                               int ak, float p0, float p1, float ys, int yq, float cs) {
+    // The residual's 8 values a run as their raw 16 bytes (T is 2 bytes in these modules).
+    if (ACT >= 0) {
+        uint4 rw[8];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
+            rw[s] = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256;
+            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, m0 + (it >> 4), n0 + (it & 15) * 8, m, n, scale, bias,
+                                res != nullptr, rw[s], y, ycopy, ak, p0, p1, ys, yq, cs);
+        }
+    } else {
+#pragma unroll 1
+        for (int s = 0; s < 8; ++s) {
+            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
+            uint4 rw = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
+            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, row, col, m, n, scale, bias, res != nullptr, rw,
+                                y, ycopy, ak, p0, p1, ys, yq, cs);
+        }
+    }
+}
 template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                            void* y, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1433,10 +1575,7 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
-    // The epilogue: the block's 128 x 128 sums through shared memory (rows of QELD words, 16-byte
-    // aligned), then each thread takes 8 runs of 8 columns (a 16-byte residual load and y store,
-    // 16 threads a row), every run's residual loaded before any is computed: the loads in flight
-    // are what a memory-bound 1x1 with a residual waits on.
+    // The block's 128 x 128 sums through shared memory (rows of QELD words, 16-byte aligned).
     int* ws = (int*)qsm;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -1448,29 +1587,7 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
                 *(int2*)(ws + r * QELD + c) = make_int2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
     __syncthreads();
-    // The residual's 8 values a run as their raw 16 bytes (T is 2 bytes in these modules).
-    if (ACT >= 0) {
-        uint4 rw[8];
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
-            rw[s] = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            int it = threadIdx.x + s * 256;
-            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, m0 + (it >> 4), n0 + (it & 15) * 8, m, n, scale, bias,
-                                res != nullptr, rw[s], y, ycopy, ak, p0, p1, ys, yq, cs);
-        }
-    } else {
-#pragma unroll 1
-        for (int s = 0; s < 8; ++s) {
-            int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
-            uint4 rw = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
-            qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, row, col, m, n, scale, bias, res != nullptr, rw,
-                                y, ycopy, ak, p0, p1, ys, yq, cs);
-        }
-    }
+    qgemm_epilogue<F8, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
@@ -1680,6 +1797,7 @@ pub fn source(dtype: DType) -> String {
     }
     if dtype != DType::F32 {
         s.push_str(QGEMM);
+        s.push_str(&qgemm_wgmma_source());
     }
     with_grid_dep_wait(&s)
 }

@@ -1178,7 +1178,12 @@ pub(crate) fn own_gemm_refusal(
 /// `rows_path`, which made `xq` (or found it made): one launch that also writes y's copy.
 fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<Vec<Launch>> {
     let int8 = q.qtype == QuantType::Int8;
-    let func = if int8 { "qgemm_i8" } else { "qgemm_f8" };
+    // Hopper (its module built for sm_90a) runs the int8 sums on wgmma.
+    let (func, shared) = match (int8, rec.arch) {
+        (true, (9, 0)) => ("qgemm_i8_wg", kernels::QGEMM_WG_SHARED_BYTES),
+        (true, _) => ("qgemm_i8", kernels::QGEMM_SHARED_BYTES),
+        (false, _) => ("qgemm_f8", kernels::QGEMM_SHARED_BYTES),
+    };
     let half_module = rec.half_names.contains(&func);
     if let Some(why) = own_gemm_refusal(q, (rec.arch, rec.smem_optin), half_module) {
         return Err(EngineError::Runtime(why));
@@ -1220,7 +1225,7 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
         func: rec.func(func),
         grid: tiles as u32,
         block: BLOCK,
-        shared: kernels::QGEMM_SHARED_BYTES as u32,
+        shared: shared as u32,
         args: vec![
             Arg::Ptr(xq),
             Arg::Ptr(w),

@@ -157,6 +157,11 @@ impl CudaModel {
                 {
                     Some(kernels::QGEMM_SHARED_BYTES)
                 }
+                "qgemm_i8_wg"
+                    if arch == (9, 0) && device_smem_optin()? >= kernels::QGEMM_WG_SHARED_BYTES =>
+                {
+                    Some(kernels::QGEMM_WG_SHARED_BYTES)
+                }
                 _ => None,
             };
             if let Some(bytes) = optin {

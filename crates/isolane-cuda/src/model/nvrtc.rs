@@ -68,14 +68,34 @@ pub(crate) fn device_arch() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin.
+/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin. On
+/// compute capability 9.0 the module is built for `sm_90a`, whose arch-specific instructions
+/// (`wgmma`) the Hopper int8 kernel needs (`kernels::QGEMM_WG_SHARED_BYTES`); the rest of the
+/// module compiles as for `sm_90`.
 pub(super) fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
-    cubin_for(kernels::source(dtype), "isolane_kernels.cu", arch)
+    cubin_for_target(
+        kernels::source(dtype),
+        "isolane_kernels.cu",
+        &module_target(arch),
+    )
+}
+
+/// The NVRTC target of the kernels' module for a device of compute capability `arch`.
+pub(crate) fn module_target(arch: (i32, i32)) -> String {
+    match arch {
+        (9, 0) => "sm_90a".to_string(),
+        (major, minor) => format!("sm_{major}{minor}"),
+    }
 }
 
 /// Compiles `src` (no headers) with NVRTC for `arch`, or loads it from the disk cache.
 pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
-    let arch_s = format!("sm_{}{}", arch.0, arch.1);
+    cubin_for_target(src, file, &format!("sm_{}{}", arch.0, arch.1))
+}
+
+/// Compiles `src` (no headers) with NVRTC for `arch_s` (`sm_90a`, `sm_86`, …), or loads it from
+/// the disk cache.
+fn cubin_for_target(src: String, file: &str, arch_s: &str) -> Result<Vec<u8>> {
     let options = vec![
         format!("--gpu-architecture={arch_s}"),
         "-default-device".to_string(),
@@ -85,7 +105,7 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
     rtc_check("nvrtcVersion", unsafe {
         rtc::nvrtcVersion(&mut vmaj, &mut vmin)
     })?;
-    let key = kernels::cache_key(&src, &arch_s, (vmaj, vmin), &options);
+    let key = kernels::cache_key(&src, arch_s, (vmaj, vmin), &options);
     let dir = kernels::cache_dir();
     if let Some(d) = &dir {
         if let Some(c) = kernels::cache_read(d, &key) {
@@ -151,4 +171,18 @@ pub(crate) fn cubin_for(src: String, file: &str, arch: (i32, i32)) -> Result<Vec
         kernels::cache_write(d, &key, &cubin);
     }
     Ok(cubin)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Only compute capability 9.0 builds the module for its arch-specific target (wgmma); a
+    /// later GPU's `sm_100` cubin must not ask for 9.0's features, nor an older one for any.
+    #[test]
+    fn only_hopper_builds_the_module_for_its_arch_specific_target() {
+        use super::module_target;
+        assert_eq!(module_target((9, 0)), "sm_90a");
+        assert_eq!(module_target((8, 6)), "sm_86");
+        assert_eq!(module_target((8, 9)), "sm_89");
+        assert_eq!(module_target((10, 0)), "sm_100");
+    }
 }
