@@ -1178,7 +1178,8 @@ pub(crate) fn own_gemm_refusal(
 /// `rows_path`, which made `xq` (or found it made): one launch that also writes y's copy.
 fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<Vec<Launch>> {
     let int8 = q.qtype == QuantType::Int8;
-    // Hopper (its module built for sm_90a) runs the int8 sums on wgmma.
+    // Hopper (its module built for sm_90a where the own path is forced: model/build.rs) runs
+    // the int8 sums on wgmma.
     let (func, shared) = match (int8, rec.arch) {
         (true, (9, 0)) => ("qgemm_i8_wg", kernels::QGEMM_WG_SHARED_BYTES),
         (true, _) => ("qgemm_i8", kernels::QGEMM_SHARED_BYTES),

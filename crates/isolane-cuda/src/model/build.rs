@@ -24,7 +24,14 @@ impl CudaModel {
         let mut m = CudaModel::unbuilt(&plan, target);
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
-        let half_names = m.load_kernels(plan.dtype, arch)?;
+        // The own int8 kernel's Hopper form needs the module built for sm_90a; only a build that
+        // forces the own path asks for it (crate::quant_gemm), so every other build's module is
+        // the plain sm_90 one the H200 runs were measured with.
+        let own = matches!(
+            target.build.quant_paths,
+            crate::options::QuantPaths::Own | crate::options::QuantPaths::OwnBytes
+        );
+        let half_names = m.load_kernels(plan.dtype, arch, own)?;
         m.programmatic =
             arch.0 >= 9 && target.build.programmatic_launch && m.programmatic_launch_works();
         m.create_library_handles()?;
@@ -132,8 +139,9 @@ impl CudaModel {
         &mut self,
         dtype: DType,
         arch: (i32, i32),
+        wgmma: bool,
     ) -> Result<&'static [&'static str]> {
-        let cubin = kernel_cubin(dtype, arch)?;
+        let cubin = kernel_cubin(dtype, arch, wgmma)?;
         let module = Module::load(&cubin)?;
         let raw = module.raw();
         self.module = Some(module);
@@ -158,7 +166,9 @@ impl CudaModel {
                     Some(kernels::QGEMM_SHARED_BYTES)
                 }
                 "qgemm_i8_wg"
-                    if arch == (9, 0) && device_smem_optin()? >= kernels::QGEMM_WG_SHARED_BYTES =>
+                    if wgmma
+                        && arch == (9, 0)
+                        && device_smem_optin()? >= kernels::QGEMM_WG_SHARED_BYTES =>
                 {
                     Some(kernels::QGEMM_WG_SHARED_BYTES)
                 }

@@ -68,23 +68,20 @@ pub(crate) fn device_arch() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin. On
-/// compute capability 9.0 the module is built for `sm_90a`, whose arch-specific instructions
-/// (`wgmma`) the Hopper int8 kernel needs (`kernels::QGEMM_WG_SHARED_BYTES`); the rest of the
+/// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin. With
+/// `wgmma` on compute capability 9.0 the module is built for `sm_90a`, whose arch-specific
+/// instructions the Hopper int8 kernel needs (`kernels::QGEMM_WG_SHARED_BYTES`); the rest of the
 /// module compiles as for `sm_90`.
-pub(super) fn kernel_cubin(dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
-    cubin_for_target(
-        kernels::source(dtype),
-        "isolane_kernels.cu",
-        &module_target(arch),
-    )
+pub(super) fn kernel_cubin(dtype: DType, arch: (i32, i32), wgmma: bool) -> Result<Vec<u8>> {
+    let target = module_target(arch, wgmma);
+    cubin_for_target(kernels::source(dtype), "isolane_kernels.cu", &target)
 }
 
 /// The NVRTC target of the kernels' module for a device of compute capability `arch`.
-pub(crate) fn module_target(arch: (i32, i32)) -> String {
-    match arch {
-        (9, 0) => "sm_90a".to_string(),
-        (major, minor) => format!("sm_{major}{minor}"),
+pub(crate) fn module_target(arch: (i32, i32), wgmma: bool) -> String {
+    match (arch, wgmma) {
+        ((9, 0), true) => "sm_90a".to_string(),
+        ((major, minor), _) => format!("sm_{major}{minor}"),
     }
 }
 
@@ -175,14 +172,16 @@ fn cubin_for_target(src: String, file: &str, arch_s: &str) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    /// Only compute capability 9.0 builds the module for its arch-specific target (wgmma); a
-    /// later GPU's `sm_100` cubin must not ask for 9.0's features, nor an older one for any.
+    /// Only compute capability 9.0, asked for wgmma, builds the module for its arch-specific
+    /// target; a later GPU's `sm_100` cubin must not ask for 9.0's features, nor an older one
+    /// for any, and a build that does not force the own kernel keeps plain `sm_90`.
     #[test]
     fn only_hopper_builds_the_module_for_its_arch_specific_target() {
         use super::module_target;
-        assert_eq!(module_target((9, 0)), "sm_90a");
-        assert_eq!(module_target((8, 6)), "sm_86");
-        assert_eq!(module_target((8, 9)), "sm_89");
-        assert_eq!(module_target((10, 0)), "sm_100");
+        assert_eq!(module_target((9, 0), true), "sm_90a");
+        assert_eq!(module_target((9, 0), false), "sm_90");
+        assert_eq!(module_target((8, 6), true), "sm_86");
+        assert_eq!(module_target((8, 9), true), "sm_89");
+        assert_eq!(module_target((10, 0), true), "sm_100");
     }
 }
