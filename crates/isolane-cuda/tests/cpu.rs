@@ -278,11 +278,11 @@ fn kernel_source_has_every_kernel_for_every_dtype() {
         // No CUDA headers: NVRTC compiles it without an include path.
         assert!(!src.contains("#include"));
     }
-    // The tensor-core attention kernel exists for the 16-bit types only.
+    // The tensor-core kernels (attention, the quantized GEMMs) exist for the 16-bit types only.
     for (d, has) in [(DType::F32, false), (DType::F16, true), (DType::Bf16, true)] {
         for k in kernels::HALF_KERNEL_NAMES {
             assert_eq!(
-                kernels::source(d).contains(&format!(" {k}(const T*")),
+                kernels::source(d).contains(&format!(" {k}(const ")),
                 has,
                 "{k} {d:?}"
             );
@@ -292,6 +292,14 @@ fn kernel_source_has_every_kernel_for_every_dtype() {
     assert!(kernels::source(DType::Bf16).contains("m16n8k16.row.col.f32.bf16.bf16.f32"));
     assert!(kernels::source(DType::F16).contains("cvt.rn.f16.f32"));
     assert!(kernels::source(DType::Bf16).contains("cvt.rn.bf16.f32"));
+    // The Hopper int8 GEMM's wgmma, with its 64 accumulator operands written out.
+    let f16 = kernels::source(DType::F16);
+    assert!(f16.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1,"));
+    assert!(f16.contains("%63}, %64, %65, 1;") && f16.contains("\"+r\"(d[63])"));
+    assert!(
+        !f16.contains("__WG_"),
+        "a placeholder of the wgmma source was left in"
+    );
 }
 
 #[test]
