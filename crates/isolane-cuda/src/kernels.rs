@@ -1589,13 +1589,21 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
     __syncthreads();
     qgemm_epilogue<F8, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
 }
+// The entry points' dispatch on the activation (qgemm_body's ACT).
+template <bool F8>
+__device__ __forceinline__ void qgemm_by_act(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+                                             void* y, const float* __restrict__ scale, const T* __restrict__ bias,
+                                             const T* res, signed char* ycopy, int m, int n, int k, int ak,
+                                             float p0, float p1, float ys, int yq, float cs) {
+    if (ak == 0) qgemm_body<F8, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else if (ak == 1) qgemm_body<F8, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    else qgemm_body<F8, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+}
 extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
 #if __CUDA_ARCH__ >= 800
-    if (ak == 0) qgemm_body<false, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else if (ak == 1) qgemm_body<false, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else qgemm_body<false, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    qgemm_by_act<false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
 #else
     // Never launched: the build offers this path on sm_80 and newer only.
     __trap();
@@ -1605,9 +1613,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) qgemm_f8(const signed char*
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
 #if __CUDA_ARCH__ >= 890
-    if (ak == 0) qgemm_body<true, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else if (ak == 1) qgemm_body<true, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else qgemm_body<true, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    qgemm_by_act<true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
 #else
     // Never launched: the build offers this path on sm_89 and newer only.
     __trap();

@@ -146,7 +146,9 @@ pub(super) fn record_quant_gemm(
         };
         paths[OWN_BYTES_PATH] = match &paths[4] {
             Ok(bytes) => own_gemm(rec, q, bytes),
-            Err(e) => Err(EngineError::Runtime(format!("{e}"))),
+            Err(_) => Err(EngineError::Runtime(
+                "no bytes' im2col to take the rows of".into(),
+            )),
         };
     } else {
         for p in [OWN_PATH, OWN_BYTES_PATH] {
@@ -1167,11 +1169,15 @@ pub(crate) fn own_gemm_refusal(
             q.k, q.n
         ));
     }
-    let tiles = q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE);
-    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || tiles > u32::MAX as usize {
+    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || own_tiles(q) > u32::MAX as usize {
         return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
     }
     None
+}
+
+/// The own kernel's blocks for `q`: one per 128 × 128 tile of the output.
+fn own_tiles(q: &QuantGemmStep) -> usize {
+    q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE)
 }
 
 /// The own kernel in place of the last two launches (the GEMM, the epilogue) of a GEMM path
@@ -1220,11 +1226,10 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
         (Some(_), false) => 2,
     };
     let (copy, cs) = q.y_copy.map_or((0, 1.0), |(c, s)| (rec.ptr(c), s));
-    let tiles = q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE);
     let mut l = rows_path[..tail].to_vec();
     l.push(Launch::Kernel {
         func: rec.func(func),
-        grid: tiles as u32,
+        grid: own_tiles(q) as u32,
         block: BLOCK,
         shared: shared as u32,
         args: vec![

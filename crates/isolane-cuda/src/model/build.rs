@@ -31,7 +31,8 @@ impl CudaModel {
             target.build.quant_paths,
             crate::options::QuantPaths::Own | crate::options::QuantPaths::OwnBytes
         );
-        let half_names = m.load_kernels(plan.dtype, arch, own)?;
+        let smem_optin = device_smem_optin()?;
+        let half_names = m.load_kernels(plan.dtype, (arch, smem_optin), own)?;
         m.programmatic =
             arch.0 >= 9 && target.build.programmatic_launch && m.programmatic_launch_works();
         m.create_library_handles()?;
@@ -52,7 +53,7 @@ impl CudaModel {
             es: plan.dtype.size(),
             half_names,
             arch,
-            smem_optin: device_smem_optin()?,
+            smem_optin,
             scratch: scratch.ptr,
             ws_cap,
             mm_scratch: mm_scratch.ptr,
@@ -138,7 +139,7 @@ impl CudaModel {
     pub(super) fn load_kernels(
         &mut self,
         dtype: DType,
-        arch: (i32, i32),
+        (arch, smem_optin): ((i32, i32), usize),
         wgmma: bool,
     ) -> Result<&'static [&'static str]> {
         let cubin = kernel_cubin(dtype, arch, wgmma)?;
@@ -161,14 +162,12 @@ impl CudaModel {
                 // The own quantized GEMM is offered only where the device allows its shared
                 // memory (crate::quant_gemm::own_gemm_refusal).
                 "qgemm_i8" | "qgemm_f8"
-                    if arch.0 >= 8 && device_smem_optin()? >= kernels::QGEMM_SHARED_BYTES =>
+                    if arch.0 >= 8 && smem_optin >= kernels::QGEMM_SHARED_BYTES =>
                 {
                     Some(kernels::QGEMM_SHARED_BYTES)
                 }
                 "qgemm_i8_wg"
-                    if wgmma
-                        && arch == (9, 0)
-                        && device_smem_optin()? >= kernels::QGEMM_WG_SHARED_BYTES =>
+                    if wgmma && arch == (9, 0) && smem_optin >= kernels::QGEMM_WG_SHARED_BYTES =>
                 {
                     Some(kernels::QGEMM_WG_SHARED_BYTES)
                 }

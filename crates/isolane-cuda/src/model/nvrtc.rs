@@ -2,22 +2,24 @@
 
 use super::*;
 
+/// One attribute of the current context's device.
+fn device_attribute(attr: cu::CUdevice_attribute) -> Result<i32> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: valid out-pointer, a context is current.
+    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer and device.
+    cu_check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
+    Ok(v)
+}
+
 /// The SMs the current context's device reports: all of them in a green context, its thread
 /// share's as an MPS client with part of the threads (what cuBLASLt sizes its work by unless
 /// told otherwise: `crate::saved::SmTargets`).
 pub(crate) fn device_sm_count() -> Result<u32> {
-    let mut dev: cu::CUdevice = 0;
-    // SAFETY: valid out-pointer, a context is current.
-    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
-    let mut sms = 0;
-    // SAFETY: valid out-pointer and device.
-    cu_check("cuDeviceGetAttribute", unsafe {
-        cu::cuDeviceGetAttribute(
-            &mut sms,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            dev,
-        )
-    })?;
+    let sms = device_attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     u32::try_from(sms)
         .ok()
         .filter(|&n| n > 0)
@@ -26,46 +28,18 @@ pub(crate) fn device_sm_count() -> Result<u32> {
 
 /// The most shared memory a block of the current context's device may opt in to (bytes).
 pub(crate) fn device_smem_optin() -> Result<usize> {
-    let mut dev: cu::CUdevice = 0;
-    // SAFETY: valid out-pointer, a context is current.
-    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
-    let mut bytes = 0;
-    // SAFETY: valid out-pointer and device.
-    cu_check("cuDeviceGetAttribute", unsafe {
-        cu::cuDeviceGetAttribute(
-            &mut bytes,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            dev,
-        )
-    })?;
+    let bytes = device_attribute(
+        cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
     Ok(usize::try_from(bytes).unwrap_or(0))
 }
 
 pub(crate) fn device_arch() -> Result<(i32, i32)> {
-    let mut dev: cu::CUdevice = 0;
-    // SAFETY: valid out-pointer, a context is current.
-    cu_check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: valid out-pointers and device.
-    unsafe {
-        cu_check(
-            "cuDeviceGetAttribute",
-            cu::cuDeviceGetAttribute(
-                &mut major,
-                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                dev,
-            ),
-        )?;
-        cu_check(
-            "cuDeviceGetAttribute",
-            cu::cuDeviceGetAttribute(
-                &mut minor,
-                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                dev,
-            ),
-        )?;
-    }
-    Ok((major, minor))
+    use cu::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    Ok((device_attribute(MAJOR)?, device_attribute(MINOR)?))
 }
 
 /// Compiles (or loads from the disk cache) the kernels for `dtype` and returns the cubin. With
