@@ -239,10 +239,11 @@ pub struct ConvGraph {
     /// The fused graph reads a bias, a residual.
     bias: bool,
     residual: bool,
-    /// A quantized graph: it reads the per-channel scales ([`ConvGraphPtrs::scale`]), and the
-    /// inverse output scales where `quant_out` ([`ConvGraphPtrs::y_scale`]).
+    /// A quantized graph: it reads the per-channel scales ([`ConvGraphPtrs::scale`]), and a
+    /// last per-channel multiply where `y_scaled` ([`ConvGraphPtrs::y_scale`]: the inverse
+    /// output scales of bytes out, or a residual of bytes' scale back).
     quant: bool,
-    quant_out: bool,
+    y_scaled: bool,
     /// It writes y quantized too ([`ConvGraphSpec::quant_copy`], [`ConvGraphPtrs::y_copy`]).
     quant_copy: bool,
 }
@@ -461,7 +462,7 @@ fn operation_graph(
         if spec.relu {
             steps.push((Pw::CUDNN_POINTWISE_RELU_FWD, None));
         }
-        if spec.quant_out {
+        if spec.quant_out || spec.residual_quant {
             let s = per_channel(YSCALE, f32t)?;
             steps.push((Pw::CUDNN_POINTWISE_MUL, Some(s)));
         }
@@ -953,7 +954,7 @@ impl ConvGraph {
             bias: fused && spec.bias,
             residual: fused && spec.residual,
             quant: spec.quant.is_some(),
-            quant_out: spec.quant_out,
+            y_scaled: spec.quant_out || spec.residual_quant,
             quant_copy: spec.quant_copy,
         }
     }
@@ -1089,7 +1090,7 @@ impl ConvGraph {
             uids.push(SCALE);
             ptrs.push(p.scale as _);
         }
-        if self.quant_out || self.quant_copy {
+        if self.y_scaled || self.quant_copy {
             uids.push(YSCALE);
             ptrs.push(p.y_scale as _);
         }

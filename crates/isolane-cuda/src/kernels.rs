@@ -181,7 +181,7 @@ template <int ACT>
 __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                               void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                               const T* res, signed char* ycopy, int m, int n, int k, int ak,
-                                              float p0, float p1, float ys, int yq, float cs) {
+                                              float p0, float p1, float ys, int yq, float cs, float rs) {
     extern __shared__ __align__(16) signed char qsm[];
     const unsigned stage_bytes = 2 * 128 * 128;
     unsigned raw = (unsigned)__cvta_generic_to_shared(qsm);
@@ -220,16 +220,16 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
         *(int2*)(ws + (r0 + 8) * QELD + j * 8 + t4 * 2) = make_int2(d[4 * j + 2], d[4 * j + 3]);
     }
     __syncthreads();
-    qgemm_epilogue<false, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
+    qgemm_epilogue<false, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs, rs);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(256, 1) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
-        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if (ak == 0) qgemm_wg_body<0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else if (ak == 1) qgemm_wg_body<1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else qgemm_wg_body<-1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    if (ak == 0) qgemm_wg_body<0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 1) qgemm_wg_body<1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else qgemm_wg_body<-1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
     // Never launched: the build offers it on compute capability 9.0 (its module built for sm_90a).
     __trap();
@@ -1066,10 +1066,18 @@ __device__ __forceinline__ float epi_math(float a, float sc, float b, bool has_r
     if (ACT == 1) return fmaxf(v, 0.f);
     return act(v, k, p0, p1);
 }
+// The residual's value at i: in T (rs = 0), or a byte of the GEMM's type (fp8: e4m3) times rs,
+// as dequantize_q8 computes it but kept in f32.
+__device__ __forceinline__ float res_value(const void* res, long long i, float rs, int fp8) {
+    if (rs == 0.f) return ld((const T*)res, i);
+    unsigned char b = ((const unsigned char*)res)[i];
+    return __fmul_rn(fp8 ? e4m3_value(b) : (float)(signed char)b, rs);
+}
 template <int ACT>
-__device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const T* res,
-                                           long long i, int k, float p0, float p1) {
-    return epi_math<ACT>(a, sc, bias ? ld(bias, c) : 0.f, res != nullptr, res ? ld(res, i) : 0.f, k, p0, p1);
+__device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const void* res,
+                                           long long i, int k, float p0, float p1, float rs, int fp8) {
+    return epi_math<ACT>(a, sc, bias ? ld(bias, c) : 0.f, res != nullptr, res ? res_value(res, i, rs, fp8) : 0.f, k, p0,
+                         p1);
 }
 // The byte of v for the next GEMM: v as stored in T first (what the FakeQuant step would have
 // read), divided by ys, rounded and saturated as quantize_q8 does (YQ = 1: int8, 2: e4m3).
@@ -1090,19 +1098,22 @@ __device__ __forceinline__ void epi_store(void* y, long long i, float v, float y
 }
 template <typename I>
 __device__ __forceinline__ void dequant_body(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
-                                             const T* __restrict__ bias, const T* res, I total, I n, int fp8,
-                                             int k, float p0, float p1, float ys, int yq) {
+                                             const T* __restrict__ bias, const void* res, I total, I n, int fp8,
+                                             int k, float p0, float p1, float ys, int yq, float rs, int rf8) {
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I c = i % n;
         float a = fp8 ? ((const float*)acc)[i] : (float)((const int*)acc)[i];
-        epi_store<-1>(y, i, epi_value<-1>(a, scale[c], bias, c, res, i, k, p0, p1), ys, yq);
+        epi_store<-1>(y, i, epi_value<-1>(a, scale[c], bias, c, res, i, k, p0, p1, rs, rf8), ys, yq);
     }
 }
+// rs: a residual of bytes' scale (0: the residual is in T); rf8: those bytes are e4m3 (fp8 says
+// only how acc is stored: cuDNN's int8 convolution writes f32 sums too).
 extern "C" __global__ void dequant_epilogue(const void* __restrict__ acc, void* y, const float* __restrict__ scale,
-                                            const T* __restrict__ bias, const T* res, long long total, long long n,
-                                            int fp8, int k, float p0, float p1, float ys, int yq) {
-    if (total < 2147483647LL) dequant_body<int>(acc, y, scale, bias, res, (int)total, (int)n, fp8, k, p0, p1, ys, yq);
-    else dequant_body<long long>(acc, y, scale, bias, res, total, n, fp8, k, p0, p1, ys, yq);
+                                            const T* __restrict__ bias, const void* res, long long total, long long n,
+                                            int fp8, int k, float p0, float p1, float ys, int yq, float rs, int rf8) {
+    if (total < 2147483647LL)
+        dequant_body<int>(acc, y, scale, bias, res, (int)total, (int)n, fp8, k, p0, p1, ys, yq, rs, rf8);
+    else dequant_body<long long>(acc, y, scale, bias, res, total, n, fp8, k, p0, p1, ys, yq, rs, rf8);
 }
 
 // Depthwise convolution, NHWC (x, y and the residual channel-contiguous), one filter per
@@ -1463,13 +1474,22 @@ __device__ __forceinline__ uint2 epi_bytes8(const float* v, float s) {
 template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m, int n, const float* __restrict__ scale,
                                            const T* __restrict__ bias, bool has_r, uint4 rw, void* y, signed char* ycopy,
-                                           int ak, float p0, float p1, float ys, int yq, float cs) {
+                                           int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
     if (row >= m || col >= n) return;
     float r[8];
-    u2f2(rw.x, r[0], r[1]);
-    u2f2(rw.y, r[2], r[3]);
-    u2f2(rw.z, r[4], r[5]);
-    u2f2(rw.w, r[6], r[7]);
+    if (rs != 0.f) {
+        // A residual of bytes (rw.x, rw.y: 8 of them), each times its scale as res_value.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned char b = (unsigned char)(((j < 4 ? rw.x : rw.y) >> (8 * (j & 3))) & 255u);
+            r[j] = __fmul_rn(F8 ? e4m3_value(b) : (float)(signed char)b, rs);
+        }
+    } else {
+        u2f2(rw.x, r[0], r[1]);
+        u2f2(rw.y, r[2], r[3]);
+        u2f2(rw.z, r[4], r[5]);
+        u2f2(rw.w, r[6], r[7]);
+    }
     int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 4);
     int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     float4 s0 = *(const float4*)(scale + col), s1 = *(const float4*)(scale + col + 4);
@@ -1487,6 +1507,13 @@ __device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m
     else *(uint2*)((unsigned char*)y + at) = epi_bytes8<F8 ? 2 : 1>(v, ys);
     if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = epi_bytes8<F8 ? 2 : 1>(v, cs);
 }
+// The residual's 8 values at i as their raw bytes: 16 of T, or 8 bytes (rs != 0: a residual of
+// bytes, 8-byte aligned as n and the run's column are multiples of 8) in .x and .y.
+__device__ __forceinline__ uint4 qgemm_res8(const T* res, long long i, float rs) {
+    if (rs == 0.f) return *(const uint4*)(res + i);
+    uint2 b = *(const uint2*)((const unsigned char*)res + i);
+    return make_uint4(b.x, b.y, 0u, 0u);
+}
 // The epilogue of a qgemm block whose 128 x 128 sums are in shared memory (ws, rows of QELD
 // words): each thread takes 8 runs of 8 columns (a 16-byte residual load and y store, 16
 // threads a row), every run's residual loaded before any is computed: the loads in flight are
@@ -1494,28 +1521,28 @@ __device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m
 template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_epilogue(const int* ws, int m0, int n0, int m, int n, const float* __restrict__ scale,
                                                const T* __restrict__ bias, const T* res, void* y, signed char* ycopy,
-                                               int ak, float p0, float p1, float ys, int yq, float cs) {
+                                               int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
     // The residual's 8 values a run as their raw 16 bytes (T is 2 bytes in these modules).
     if (ACT >= 0) {
         uint4 rw[8];
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
-            rw[s] = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
+            rw[s] = res && row < m && col < n ? qgemm_res8(res, (long long)row * n + col, rs) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             int it = threadIdx.x + s * 256;
             qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, m0 + (it >> 4), n0 + (it & 15) * 8, m, n, scale, bias,
-                                res != nullptr, rw[s], y, ycopy, ak, p0, p1, ys, yq, cs);
+                                res != nullptr, rw[s], y, ycopy, ak, p0, p1, ys, yq, cs, rs);
         }
     } else {
 #pragma unroll 1
         for (int s = 0; s < 8; ++s) {
             int it = threadIdx.x + s * 256, row = m0 + (it >> 4), col = n0 + (it & 15) * 8;
-            uint4 rw = res && row < m && col < n ? *(const uint4*)(res + ((long long)row * n + col)) : make_uint4(0, 0, 0, 0);
+            uint4 rw = res && row < m && col < n ? qgemm_res8(res, (long long)row * n + col, rs) : make_uint4(0, 0, 0, 0);
             qgemm_out8<F8, ACT>(ws + (it >> 4) * QELD + (it & 15) * 8, row, col, m, n, scale, bias, res != nullptr, rw,
-                                y, ycopy, ak, p0, p1, ys, yq, cs);
+                                y, ycopy, ak, p0, p1, ys, yq, cs, rs);
         }
     }
 }
@@ -1523,7 +1550,7 @@ template <bool F8, int ACT>
 __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                            void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                            const T* res, signed char* ycopy, int m, int n, int k, int ak,
-                                           float p0, float p1, float ys, int yq, float cs) {
+                                           float p0, float p1, float ys, int yq, float cs, float rs) {
     extern __shared__ __align__(16) signed char qsm[];
     const int stage_bytes = (QBM + QBN) * QLD;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1587,23 +1614,23 @@ __device__ __forceinline__ void qgemm_body(const signed char* __restrict__ xq, c
                 *(int2*)(ws + r * QELD + c) = make_int2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
     __syncthreads();
-    qgemm_epilogue<F8, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs);
+    qgemm_epilogue<F8, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs, rs);
 }
 // The entry points' dispatch on the activation (qgemm_body's ACT).
 template <bool F8>
 __device__ __forceinline__ void qgemm_by_act(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                              void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                              const T* res, signed char* ycopy, int m, int n, int k, int ak,
-                                             float p0, float p1, float ys, int yq, float cs) {
-    if (ak == 0) qgemm_body<F8, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else if (ak == 1) qgemm_body<F8, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
-    else qgemm_body<F8, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+                                             float p0, float p1, float ys, int yq, float cs, float rs) {
+    if (ak == 0) qgemm_body<F8, 0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 1) qgemm_body<F8, 1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else qgemm_body<F8, -1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
-        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if __CUDA_ARCH__ >= 800
-    qgemm_by_act<false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    qgemm_by_act<false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
     // Never launched: the build offers this path on sm_80 and newer only.
     __trap();
@@ -1611,9 +1638,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) qgemm_i8(const signed char*
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemm_f8(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
-        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs) {
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if __CUDA_ARCH__ >= 890
-    qgemm_by_act<true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs);
+    qgemm_by_act<true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
     // Never launched: the build offers this path on sm_89 and newer only.
     __trap();

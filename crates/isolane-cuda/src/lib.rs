@@ -53,7 +53,10 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// 4: session 24 (int8 / fp8: cuDNN's fused quantized graph among the candidates, the graph
 ///    chain timed whole against the per-layer picks, a block output's bytes made by its
 ///    producer; a saved plan of 3 is refused, its plan's buffers are not this one's).
-pub const ENGINE_REVISION: u32 = 4;
+/// 5: session 32 (a quantized skip read as bytes by its residual reader, its producer writing
+///    bytes only: a calibrated model's plan has other buffers and steps; a saved plan of 4 is
+///    refused).
+pub const ENGINE_REVISION: u32 = 5;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -418,6 +418,11 @@ pub struct QuantGemmStep {
     pub scale: Loc,
     pub bias: Option<Loc>,
     pub residual: Option<Loc>,
+    /// The residual is bytes of `qtype` at this scale (a skip the model quantizes,
+    /// `isolane_engine::calibrate`): its producer's epilogue, or a direct GEMM's rows, made
+    /// them. Every path reads them as `byte · scale` in f32 (the float step dequantizes them
+    /// into [`QuantFloat::residual`] first).
+    pub residual_scale: Option<f32>,
     pub y: Loc,
     /// The epilogue quantizes its result by this scale (to `qtype`, one byte per element)
     /// for the next GEMMs, which alone read it, instead of storing it in the activation dtype.
@@ -479,6 +484,11 @@ pub struct QuantGraphConsts {
     /// `1 / s` for every output channel (`[N]` f32), where the output is quantized as well
     /// by scale `s` (`QuantGemmStep::y_copy`): the graph's second output.
     pub copy_inv: Option<Loc>,
+    /// Where the residual is bytes of scale `r` ([`QuantGemmStep::residual_scale`]): the
+    /// graph adds them as read, so its constants are the step's divided by `r` (`scale / r`
+    /// per channel here, the bias above too), and its last multiply, `r / y_scale` (bytes
+    /// out) or `r` (floats out) per channel in `y_inv`, scales back (ReLU commutes with it).
+    pub scale: Option<Loc>,
 }
 
 /// The float form of a quantized product, as the fake-quant steps compute it: x's values
@@ -496,6 +506,9 @@ pub struct QuantFloat {
     pub yf: Option<Loc>,
     /// Later steps read this step's `xq` (`xq_ready`): the float path fills it too.
     pub fills_xq: bool,
+    /// Where the residual is bytes ([`QuantGemmStep::residual_scale`]): the float storage
+    /// the dequantize kernel fills from them, which `product` reads as its residual.
+    pub residual: Option<Loc>,
 }
 
 impl QuantFloat {
@@ -1337,7 +1350,7 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
     let inputs = p.stage_inputs(dtype);
     let pat = Patterns::find(g, &p.shapes, opts);
-    p.fq_skip = p.find_quant_gemms(&pat);
+    p.find_quant_gemms(&pat);
     let fq_skip = p.fq_skip.clone();
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {
@@ -1388,14 +1401,18 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
 }
 
 /// Marks the quantized GEMMs whose quantize kernel fills an `xq` that later ones read
-/// (`xq_ready`): their float alternative must fill it too.
+/// (`xq_ready`, or as their residual of bytes): their float alternative must fill it too.
 fn mark_shared_xq(steps: &mut [Step]) {
     let shared: Vec<Loc> = steps
         .iter()
-        .filter_map(|s| match &s.kind {
-            StepKind::QuantGemm(q) if q.xq_ready => Some(q.xq),
-            _ => None,
+        .flat_map(|s| match &s.kind {
+            StepKind::QuantGemm(q) => [
+                q.xq_ready.then_some(q.xq),
+                q.residual.filter(|_| q.residual_scale.is_some()),
+            ],
+            _ => [None, None],
         })
+        .flatten()
         .collect();
     for s in steps.iter_mut() {
         if let StepKind::QuantGemm(q) = &mut s.kind {

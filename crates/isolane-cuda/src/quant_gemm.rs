@@ -401,6 +401,10 @@ fn reads_copy(q: &QuantGemmStep, chosen: usize, copy: Loc) -> bool {
         .as_ref()
         .and_then(|a| a.dnn_conv.as_ref())
         .map(|c| c.x);
+    // A residual of bytes is read on every path.
+    if q.residual_scale.is_some() && q.residual == Some(copy) {
+        return true;
+    }
     match chosen {
         0 | OWN_PATH => q.xq_ready && q.xq == copy,
         1 | GRAPH_PATH => dnn_x == Some(copy),
@@ -672,13 +676,21 @@ fn dnn_conv_graph(
         ..dc.clone()
     };
     let quant_out = q.y_scale.is_some();
-    if quant_out != consts.y_inv.is_some() {
+    let residual_quant = q.residual_scale.is_some();
+    if (quant_out || residual_quant) != consts.y_inv.is_some()
+        || residual_quant != consts.scale.is_some()
+    {
         return Err(EngineError::Runtime(
-            "the plan's inverse output scale and the step's output disagree".into(),
+            "the plan's graph constants and the step's output or residual disagree".into(),
         ));
     }
-    let spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype, quant_out)
+    let mut spec = ConvGraphSpec::quantized(&c, q.qtype, rec.dtype, quant_out)
         .ok_or_else(|| EngineError::Runtime("its activation is not none, ReLU or ReLU6".into()))?;
+    if let Some(r) = q.residual_scale {
+        // Added as read (the constants divided by r): the clip too.
+        spec.residual_quant = true;
+        spec.relu_max = spec.relu_max.map(|m| m / r);
+    }
     let copy = match (q.y_copy, consts.copy_inv) {
         (Some((l, _)), Some(inv)) => Some((l, inv)),
         (None, None) => None,
@@ -696,7 +708,7 @@ fn dnn_conv_graph(
         bias: c.bias.map_or(0, |b| rec.ptr(b)),
         residual: c.residual.map_or(0, |r| rec.ptr(r)),
         workspace: 0,
-        scale: rec.ptr(q.scale),
+        scale: rec.ptr(consts.scale.unwrap_or(q.scale)),
         y_scale: consts
             .y_inv
             .or(copy.map(|(_, inv)| inv))
@@ -941,19 +953,8 @@ fn float_launches(
     // Plain: x's floats as they are (only bytes from the producer are dequantized).
     let plain = rec.options.quant_float_plain() && !q.x_quantized;
     if q.x_quantized {
-        m.launches.push(Launch::Kernel {
-            func: rec.func("dequantize_q8"),
-            grid: elementwise_grid(f.x_n),
-            block: BLOCK,
-            shared: 0,
-            args: vec![
-                Arg::Ptr(rec.ptr(q.x)),
-                Arg::Ptr(rec.ptr(f.xf)),
-                Arg::F32(q.x_scale),
-                Arg::I64(f.x_n as i64),
-                Arg::I32(fp8 as i32),
-            ],
-        });
+        m.launches
+            .push(dequantize_launch(rec, q.x, f.xf, q.x_scale, f.x_n, fp8));
     } else if !plain {
         let (lo, hi) = q.qtype.range();
         m.launches.push(Launch::Kernel {
@@ -982,6 +983,11 @@ fn float_launches(
         m.launches
             .push(quantize_launch(rec, q.x, q.xq, q.x_scale, q.m * q.k, fp8));
     }
+    // After xq is filled: a skip that is also the operand has its bytes there.
+    if let (Some(r), Some(rs), Some(rf)) = (q.residual, q.residual_scale, f.residual) {
+        m.launches
+            .push(dequantize_launch(rec, r, rf, rs, q.m * q.n, fp8));
+    }
     let product = match plain {
         true => f.product_on(q.x),
         false => f.product.clone(),
@@ -1000,6 +1006,24 @@ fn float_launches(
             .push(quantize_launch(rec, yf, q.y, ys, q.m * q.n, fp8));
     }
     Ok(())
+}
+
+/// `dequantize_q8`: `n` bytes at `x` (int8, or e4m3 when `fp8`) times `s`, into `y` in the
+/// activation dtype.
+fn dequantize_launch(rec: &Recorder, x: Loc, y: Loc, s: f32, n: usize, fp8: bool) -> Launch {
+    Launch::Kernel {
+        func: rec.func("dequantize_q8"),
+        grid: elementwise_grid(n),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(x)),
+            Arg::Ptr(rec.ptr(y)),
+            Arg::F32(s),
+            Arg::I64(n as i64),
+            Arg::I32(fp8 as i32),
+        ],
+    }
 }
 
 /// `quantize_q8`: `n` values at `x` (activation dtype) onto the grid of scale `s`, one byte
@@ -1049,6 +1073,8 @@ fn epilogue_launch(rec: &Recorder, q: &QuantGemmStep, f32_acc: bool) -> Launch {
             Arg::F32(p1),
             Arg::F32(q.y_scale.unwrap_or(1.0)),
             Arg::I32(yq),
+            Arg::F32(q.residual_scale.unwrap_or(0.0)),
+            Arg::I32((q.qtype != QuantType::Int8) as i32),
         ],
     }
 }
@@ -1249,6 +1275,7 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
             Arg::F32(q.y_scale.unwrap_or(1.0)),
             Arg::I32(yq),
             Arg::F32(cs),
+            Arg::F32(q.residual_scale.unwrap_or(0.0)),
         ],
     });
     Ok(l)
@@ -1443,7 +1470,8 @@ mod tests {
             .collect()
     }
 
-    /// A stem, then `a` (1×1) whose output a residual (`b`'s) reads as floats and, through
+    /// A stem, then `a` (1×1) whose output a residual (`b`'s) reads as floats (the skip not
+    /// quantized) and, through
     /// one FakeQuant, the direct 1×1 `b` and the strided 1×1 `c`: `a` writes its bytes too.
     fn block_plan() -> crate::plan::Plan {
         use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
@@ -1494,8 +1522,10 @@ mod tests {
         let samples: Vec<Vec<Tensor>> = (0..2)
             .map(|_| vec![Tensor::new(vec![1, 3, 6, 6], rnd(108)).unwrap()])
             .collect();
+        // The skip in floats (`a`'s output stored in full and quantized as well).
         let opts = CalibOptions {
             method: CalibMethod::MinMax,
+            residual_skips: false,
             ..Default::default()
         };
         let q = quantize_model(&g, 1, &samples, &opts).unwrap().graph;

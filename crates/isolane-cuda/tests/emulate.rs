@@ -803,6 +803,27 @@ fn exec_int8_gemm(p: &Plan, m: &mut Mem, q: &QuantGemmStep) {
     quant_epilogue(m, q, acc);
 }
 
+/// The residual of quantized product `q` at `i` as its epilogue reads it: floats, or a byte
+/// times its scale in f32 (`residual_scale`).
+fn residual_at(m: &Mem, q: &QuantGemmStep, i: usize) -> f32 {
+    let rl = q.residual.expect("a residual");
+    match q.residual_scale {
+        Some(s) => residual_byte(m, q, i) * s,
+        None => m.get(rl, i),
+    }
+}
+
+/// Byte `i` of a residual of bytes, as its value on the grid.
+fn residual_byte(m: &Mem, q: &QuantGemmStep, i: usize) -> f32 {
+    let rl = q.residual.expect("a residual");
+    let bytes = m
+        .quantized
+        .get(&storage_id(rl))
+        .expect("a residual of bytes nothing made");
+    assert_eq!(bytes.len(), q.m * q.n, "the residual's bytes are y's shape");
+    bytes[i] as f32
+}
+
 /// The dequantizing epilogue of a quantized GEMM over the sums `acc(row, channel)`: one
 /// multiply-add by the channel's scale and bias, the residual, the activation, and the
 /// quantization for the next GEMMs where the step's output is bytes.
@@ -814,8 +835,8 @@ fn quant_epilogue(m: &mut Mem, q: &QuantGemmStep, acc: impl Fn(usize, usize) -> 
             let acc = acc(r, j);
             let mut v =
                 (acc as f32).mul_add(m.get(q.scale, j), q.bias.map_or(0.0, |b| m.get(b, j)));
-            if let Some(rl) = q.residual {
-                v += m.get(rl, r * q.n + j);
+            if q.residual.is_some() {
+                v += residual_at(m, q, r * q.n + j);
             }
             out[r * q.n + j] = act(q.act, v);
         }
@@ -885,26 +906,45 @@ fn exec_quant_graph(
 ) -> bool {
     use isolane_cuda::int8::{graph_requantize, graph_value};
     let g = alt.graph.as_ref().unwrap();
-    assert_eq!(g.y_inv.is_some(), q.y_scale.is_some(), "the graph's output");
+    let bytes_in = q.residual_scale;
+    assert_eq!(
+        g.y_inv.is_some(),
+        q.y_scale.is_some() || bytes_in.is_some(),
+        "the graph's last multiply"
+    );
     assert_eq!(g.copy_inv.is_some(), q.y_copy.is_some(), "the graph's copy");
+    assert_eq!(
+        g.scale.is_some(),
+        bytes_in.is_some(),
+        "the graph's own scales"
+    );
     let (relu, upper) = isolane_cuda::int8::quant_graph_act(q.act).expect("a graph's act");
+    // A residual of bytes is added as read: the clip divided by its scale, as the build does.
+    let upper = upper.map(|u| u / bytes_in.unwrap_or(1.0));
     let sums = dnn_conv_sums(p, m, q, alt);
     let mut out = vec![0f32; q.m * q.n];
     for r in 0..q.m {
         for j in 0..q.n {
             let i = r * q.n + j;
+            let residual = match (q.residual, bytes_in) {
+                (Some(_), Some(_)) => residual_byte(m, q, i),
+                (Some(rl), None) => m.get(rl, i),
+                (None, _) => 0.0,
+            };
             // The int32 sum converted to f32 by the first pointwise step.
             let v = graph_value(
                 sums[i] as i32 as f32,
-                m.get(q.scale, j),
+                m.get(g.scale.unwrap_or(q.scale), j),
                 g.bias.map_or(0.0, |b| m.get(b, j)),
-                q.residual.map_or(0.0, |rl| m.get(rl, i)),
+                residual,
                 relu,
             )
             .min(upper.unwrap_or(f32::INFINITY));
-            out[i] = match g.y_inv {
-                Some(inv) => graph_requantize(v, m.get(inv, j), q.qtype),
-                None => v,
+            out[i] = match (g.y_inv, q.y_scale) {
+                (Some(inv), Some(_)) => graph_requantize(v, m.get(inv, j), q.qtype),
+                // Floats out after a residual of bytes: scaled back by its last multiply.
+                (Some(inv), None) => v * m.get(inv, j),
+                (None, _) => v,
             };
         }
     }
@@ -915,7 +955,7 @@ fn exec_quant_graph(
             .collect();
         m.quantized.insert(storage_id(l), yq);
     }
-    match g.y_inv {
+    match q.y_scale {
         Some(_) => {
             let yq = out.into_iter().map(|v| v as f64).collect();
             m.quantized.insert(storage_id(q.y), yq);
@@ -1031,6 +1071,14 @@ fn exec_quant_float(
     }
     for (i, v) in xf.into_iter().enumerate() {
         m.set(f.xf, i, v);
+    }
+    // A residual of bytes, dequantized into the float step's own storage (after xq is filled:
+    // a skip that is also the operand has its bytes there).
+    if let (Some(rf), Some(s)) = (f.residual, q.residual_scale) {
+        for i in 0..q.m * q.n {
+            let v = dequantize(residual_byte(m, q, i), s, 0.0);
+            m.set(rf, i, v);
+        }
     }
     let inner = Step {
         name: "float".into(),
@@ -2153,7 +2201,17 @@ fn a_model_file_plans_and_computes_its_expected_output() {
 }
 
 /// The quantized graph of [`common::quant_cnn`] (calibrated on seeded inputs) and its plan at fp32.
+/// The small CNN calibrated with its skip added in floats (`residual_skips` off: a block
+/// output stored in floats and quantized as well for the next GEMMs, `y_copy`).
 fn quant_cnn_plan(qtype: isolane_engine::quant::QuantType, batch: usize) -> (Graph, Plan) {
+    quant_cnn_plan_with(qtype, batch, false)
+}
+
+fn quant_cnn_plan_with(
+    qtype: isolane_engine::quant::QuantType,
+    batch: usize,
+    residual_skips: bool,
+) -> (Graph, Plan) {
     use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
     let g = common::quant_cnn();
     let samples: Vec<Vec<Tensor>> = (0..3)
@@ -2162,6 +2220,7 @@ fn quant_cnn_plan(qtype: isolane_engine::quant::QuantType, batch: usize) -> (Gra
     let opts = CalibOptions {
         qtype,
         method: CalibMethod::MinMax,
+        residual_skips,
         ..Default::default()
     };
     let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
@@ -2260,6 +2319,86 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
             let got = run(&p, &x);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} batch {batch}: rel L2 {err:e}");
+        }
+    }
+}
+
+/// A skip the model quantizes (calibration's default) is read as bytes: c3's output, read by
+/// c4 as its operand and as its residual, leaves c3's epilogue as bytes only (no float copy,
+/// no quantize kernel), and c4 adds `byte · scale`; cuDNN's graph adds the bytes as read with
+/// its constants divided by the scale and a last multiply by it. Every candidate, alone and
+/// mixed, computes what the CPU backend computes from the QDQ graph (int8 and fp8).
+#[test]
+fn a_quantized_skip_is_read_as_bytes_on_every_path() {
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        for batch in [1, 3] {
+            let (q, p) = quant_cnn_plan_with(qtype, batch, true);
+            let by = |n: &str| {
+                p.steps
+                    .iter()
+                    .find_map(|s| match &s.kind {
+                        StepKind::QuantGemm(g) if s.name == n => Some(&**g),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| panic!("{n} is no quantized GEMM"))
+            };
+            let (c3, c4) = (by("c3"), by("c4"));
+            let ys = c3.y_scale.expect("c3 writes bytes only");
+            assert!(c3.y_copy.is_none(), "{c3:?}");
+            assert!(c4.x_quantized && c4.x == c3.y, "{c4:?}");
+            assert_eq!((c4.residual, c4.residual_scale), (Some(c3.y), Some(ys)));
+            // The skip's FakeQuant emits nothing.
+            assert_eq!(
+                p.steps
+                    .iter()
+                    .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
+                    .count(),
+                1,
+                "only the stem's input is fake-quantized"
+            );
+            let alt = c4.alt.as_ref().unwrap();
+            assert!(alt.float.residual.is_some());
+            let gc = alt.graph.as_ref().expect("c4's graph");
+            let (Some(Loc::Const { id: sc, .. }), Some(Loc::Const { id: inv, .. })) =
+                (gc.scale, gc.y_inv)
+            else {
+                panic!("c4's graph scales: {gc:?}")
+            };
+            let Loc::Const { id: own, .. } = c4.scale else {
+                panic!()
+            };
+            for (a, b) in p.consts[sc].data.iter().zip(&p.consts[own].data) {
+                assert_eq!(*a, b / ys);
+            }
+            assert!(p.consts[inv].data.iter().all(|&v| v == ys), "floats out");
+            let mut cpu = CpuBackend::new(1)
+                .compile(&q, batch, Precision::Fp32)
+                .unwrap();
+            let x = random(cpu.input_mut().len(), 5);
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            for pattern in [
+                vec![0],
+                vec![1],
+                vec![2],
+                vec![3],
+                vec![5],
+                vec![2, 0, 1],
+                vec![0, 3, 2],
+                vec![3, 3, 3],
+                vec![5, 5, 2, 1],
+            ] {
+                QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+                let got = run(&p, &x);
+                QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+                let err = rel_l2(&got, cpu.output());
+                // The graph's division of its constants by the skip's scale rounds in f32.
+                assert!(
+                    err < 1e-5,
+                    "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
+                );
+            }
         }
     }
 }
@@ -2494,6 +2633,7 @@ fn a_block_output_is_quantized_once_by_its_producer() {
         let opts = CalibOptions {
             qtype,
             method: CalibMethod::MinMax,
+            residual_skips: false,
             ..Default::default()
         };
         let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;

@@ -2,7 +2,8 @@
 //! rewritten as a QDQ graph ([`Op::FakeQuant`]) that any backend runs.
 //!
 //! What is quantized is what int8 / fp8 inference engines quantize (TensorRT's and
-//! onnxruntime's defaults): the inputs of every convolution, Linear, MatMul and Gemm.
+//! onnxruntime's defaults): the inputs of every convolution, Linear, MatMul and Gemm, and a
+//! convolution's fused residual (a residual block's skip).
 //! Weights (constant operands) get one symmetric scale per output channel (Conv, Linear) or
 //! per tensor (a constant MatMul / Gemm operand), from their largest magnitude; activations one
 //! symmetric scale per tensor from the calibration set: the largest magnitude seen (`MinMax`)
@@ -71,6 +72,11 @@ pub struct CalibOptions {
     pub method: CalibMethod,
     /// Bins of each activation's histogram of magnitudes.
     pub bins: usize,
+    /// Quantize a convolution's fused residual too (a residual block's skip; on by default,
+    /// as TensorRT and onnxruntime's QDQ format do): the skip then stays in bytes between
+    /// blocks. Off, the skip is added in floats (a little closer to the float model, twice
+    /// the memory traffic where a block's output is stored).
+    pub residual_skips: bool,
 }
 
 impl Default for CalibOptions {
@@ -79,6 +85,7 @@ impl Default for CalibOptions {
             qtype: QuantType::Int8,
             method: CalibMethod::Percentile(99.99),
             bins: 2048,
+            residual_skips: true,
         }
     }
 }
@@ -122,7 +129,9 @@ pub fn quantize_model(
         )));
     }
     let g = crate::passes::optimize(g, batch)?;
-    let (acts, weights) = targets(&g);
+    let quantized_input =
+        |n: &crate::ir::Node, k: usize| is_activation_input(n, k, opts.residual_skips);
+    let (acts, weights) = targets(&g, &quantized_input);
     // Two passes over the calibration set: the largest magnitudes, then histograms over them.
     let mut amax: HashMap<ValueId, f32> = acts.iter().map(|&v| (v, 0.0)).collect();
     run_all(&g, batch, samples, &acts, |v, t| {
@@ -225,7 +234,7 @@ pub fn quantize_model(
                 map[v] = Some(out.add_shared_constant(g.values[v].name.clone(), t));
             }
             let mapped = map[v].unwrap_or(v);
-            if acts.contains(&v) && is_activation_input(n, k) {
+            if acts.contains(&v) && quantized_input(n, k) {
                 let q = match quantized_act.get(&v) {
                     Some(&q) => q,
                     None => {
@@ -282,10 +291,15 @@ fn granularity_of(per_channel: bool) -> Granularity {
     }
 }
 
-/// Whether input `k` of `n` is one that gets quantized when it is not a constant.
-fn is_activation_input(n: &crate::ir::Node, k: usize) -> bool {
-    match n.op {
-        Op::Conv(_) | Op::Linear { .. } | Op::Gemm { .. } => k == 0,
+/// Whether input `k` of `n` is one that gets quantized when it is not a constant: a
+/// product's activation operand, and (`residual_skips`) a convolution's fused residual (a residual block's skip,
+/// quantized as TensorRT asks of int8 residual networks and as onnxruntime's QDQ format
+/// quantizes an Add's inputs: the skip is then the same bytes the next block's convolutions
+/// read, and a block's output never needs storing in floats).
+fn is_activation_input(n: &crate::ir::Node, k: usize, residual_skips: bool) -> bool {
+    match &n.op {
+        Op::Conv(a) => k == 0 || (residual_skips && a.residual && k == 3),
+        Op::Linear { .. } | Op::Gemm { .. } => k == 0,
         Op::MatMul => k < 2,
         _ => false,
     }
@@ -293,7 +307,10 @@ fn is_activation_input(n: &crate::ir::Node, k: usize) -> bool {
 
 /// The runtime values to calibrate (inputs of the quantized ops) and the weights to quantize:
 /// `(node, input index) → per output channel`.
-fn targets(g: &Graph) -> (Vec<ValueId>, HashMap<(NodeId, usize), bool>) {
+fn targets(
+    g: &Graph,
+    quantized_input: &dyn Fn(&crate::ir::Node, usize) -> bool,
+) -> (Vec<ValueId>, HashMap<(NodeId, usize), bool>) {
     let mut acts = Vec::new();
     let mut weights = HashMap::new();
     for (ni, n) in g.nodes.iter().enumerate() {
@@ -306,7 +323,7 @@ fn targets(g: &Graph) -> (Vec<ValueId>, HashMap<(NodeId, usize), bool>) {
                 (Op::MatMul | Op::Gemm { .. }, 0 | 1, true) => {
                     weights.insert((ni, k), false);
                 }
-                _ if !constant && is_activation_input(n, k) && !acts.contains(&v) => acts.push(v),
+                _ if !constant && quantized_input(n, k) && !acts.contains(&v) => acts.push(v),
                 _ => {}
             }
         }
@@ -882,6 +899,85 @@ mod tests {
             .unwrap();
         g.add_output(y).unwrap();
         g
+    }
+
+    /// A residual block: c1 → ReLU → c2, whose output plus c1's (the skip) goes through a
+    /// ReLU, pooled, then a Linear.
+    fn residual_cnn() -> Graph {
+        let mut g = Graph::new("residual");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(10), Dim::Fixed(10)],
+        );
+        let c = |g: &mut Graph, name: &str, shape: Vec<usize>, seed, s: f32| {
+            let n = shape.iter().product();
+            let d = rand(n, seed).into_iter().map(|v| v * s).collect();
+            g.add_constant(name, Tensor::new(shape, d).unwrap())
+        };
+        let (w1, b1) = (
+            c(&mut g, "w1", vec![8, 3, 3, 3], 1, 0.4),
+            c(&mut g, "b1", vec![8], 2, 0.1),
+        );
+        let (w2, b2) = (
+            c(&mut g, "w2", vec![8, 8, 1, 1], 3, 0.3),
+            c(&mut g, "b2", vec![8], 4, 0.1),
+        );
+        let (wl, bl) = (
+            c(&mut g, "wl", vec![10, 8], 5, 0.5),
+            c(&mut g, "bl", vec![10], 6, 0.1),
+        );
+        let conv = |activation| {
+            Op::Conv(ConvAttrs {
+                pads: [1; 4],
+                activation,
+                ..Default::default()
+            })
+        };
+        let h1 = g
+            .add_op("c1", conv(Some(Unary::Relu)), &[x, w1, b1])
+            .unwrap();
+        let one = Op::Conv(ConvAttrs::default());
+        let h2 = g.add_op("c2", one, &[h1, w2, b2]).unwrap();
+        let s = g
+            .add_op("add", Op::Binary(crate::ir::Binary::Add), &[h2, h1])
+            .unwrap();
+        let r = g.add_op("relu", Op::Unary(Unary::Relu), &[s]).unwrap();
+        let h = g.add_op("pool", Op::GlobalAveragePool, &[r]).unwrap();
+        let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
+        let y = g
+            .add_op("fc", Op::Linear { activation: None }, &[h, wl, bl])
+            .unwrap();
+        g.add_output(y).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_residual_blocks_skip_is_quantized_by_the_fakequant_its_convolution_reads() {
+        let g = residual_cnn();
+        let batch = 4;
+        let samples: Vec<Vec<Tensor>> = (0..8)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 10, 10], rand(1200, 200 + s)).unwrap()])
+            .collect();
+        let opts = CalibOptions::default();
+        let q = quantize_model(&g, batch, &samples, &opts).unwrap();
+        let qg = &q.graph;
+        // The add fused into c2 (its residual, input 3): c1's output quantized once, read by
+        // c2 both as its operand and as its residual.
+        let c2 = qg.nodes.iter().find(|n| n.name == "c2").expect("c2");
+        let Op::Conv(a) = &c2.op else {
+            panic!("c2 is a convolution")
+        };
+        assert!(a.residual, "the add is fused into c2");
+        assert_eq!(
+            c2.inputs[3], c2.inputs[0],
+            "one FakeQuant for the operand and the skip"
+        );
+        let fq = qg.producer(c2.inputs[3]).expect("a producer");
+        assert!(matches!(qg.nodes[fq].op, Op::FakeQuant(_)));
+        // Three activations: the input, c1's output (operand and skip), the Linear's input.
+        assert_eq!(q.activations, 3);
+        let (top1, l2) = agreement(&g, qg, batch, 0..8);
+        assert!(top1 >= 0.9 && l2 < 0.05, "top-1 {top1}, rel L2 {l2}");
     }
 
     /// Top-1 agreement with the float model on held-out inputs, and the relative L2 distance.

@@ -75,10 +75,12 @@ impl Planner<'_> {
         Ok(Lowered::Steps)
     }
 
-    /// Decides which products run as quantized GEMMs (`self.quant`) and returns, per node,
-    /// whether it is a FakeQuant whose every reader is one of them (it then emits nothing).
-    /// A convolution needs the channels-last plan (its GEMM reads NHWC rows).
-    pub(in crate::plan) fn find_quant_gemms(&mut self, pat: &Patterns) -> Vec<bool> {
+    /// Decides which products run as quantized GEMMs (`self.quant`) and sets, per node,
+    /// whether it is a FakeQuant that emits nothing (`self.fq_skip`): every reader is one of
+    /// them, reading it as its quantized operand, or as its residual of bytes
+    /// ([`Planner::residual_bytes`]). A convolution needs the channels-last plan (its GEMM
+    /// reads NHWC rows).
+    pub(in crate::plan) fn find_quant_gemms(&mut self, pat: &Patterns) {
         let g = self.g;
         for (ni, n) in g.nodes.iter().enumerate() {
             let eligible = match &n.op {
@@ -90,19 +92,100 @@ impl Planner<'_> {
                 self.quant[ni] = crate::int8::classify(g, &self.shapes, ni).ok();
             }
         }
-        g.nodes
+        let operand_only = |p: &Self, f: usize, u: usize| {
+            let v = g.nodes[f].outputs[0];
+            p.quant[u].is_some()
+                && g.nodes[u].inputs[0] == v
+                && g.nodes[u].inputs[1..].iter().all(|&i| i != v)
+        };
+        self.fq_skip = g
+            .nodes
             .iter()
-            .map(|n| {
+            .enumerate()
+            .map(|(f, n)| {
                 matches!(n.op, Op::FakeQuant(_))
                     && !pat.is_output[n.outputs[0]]
                     && !pat.users_of[n.outputs[0]].is_empty()
-                    && pat.users_of[n.outputs[0]].iter().all(|&u| {
-                        self.quant[u].is_some()
-                            && g.nodes[u].inputs[0] == n.outputs[0]
-                            && g.nodes[u].inputs[1..].iter().all(|&i| i != n.outputs[0])
-                    })
+                    && pat.users_of[n.outputs[0]]
+                        .iter()
+                        .all(|&u| operand_only(self, f, u))
             })
-            .collect()
+            .collect();
+        // Then the FakeQuants a residual reads too, once the first decisions are known (the
+        // producer's bytes depend on them).
+        for f in 0..g.nodes.len() {
+            if self.fq_skip[f] || !matches!(g.nodes[f].op, Op::FakeQuant(_)) {
+                continue;
+            }
+            let v = g.nodes[f].outputs[0];
+            let users = &pat.users_of[v];
+            let readers_fit = !pat.is_output[v]
+                && users.iter().any(|&u| self.residual_reader(f, u))
+                && users
+                    .iter()
+                    .all(|&u| operand_only(self, f, u) || self.residual_reader(f, u));
+            if readers_fit {
+                self.fq_skip[f] = true;
+                self.fq_skip[f] = self.residual_bytes(f, pat);
+            }
+        }
+    }
+
+    /// Whether node `u` reads FakeQuant `f`'s output as a residual it can take as bytes: a
+    /// quantized channels-last convolution of `f`'s type whose residual it is (and maybe its
+    /// operand too), `f` per tensor.
+    fn residual_reader(&self, f: usize, u: usize) -> bool {
+        let g = self.g;
+        let (v, n) = (g.nodes[f].outputs[0], &g.nodes[u]);
+        let Op::FakeQuant(fq) = &g.nodes[f].op else {
+            return false;
+        };
+        let (Op::Conv(a), Some(q)) = (&n.op, &self.quant[u]) else {
+            return false;
+        };
+        a.residual
+            && n.inputs.get(3) == Some(&v)
+            && n.inputs[1..3].iter().all(|&i| i != v)
+            && q.qtype == fq.qtype
+            && fq.scales.len() == 1
+            && fq.scales[0] > 0.0
+            && fq.scales[0].is_finite()
+            && fq.zero_points.iter().all(|&z| z == 0.0)
+    }
+
+    /// Whether the bytes of FakeQuant `f`'s input (NHWC, at `f`'s scale) will exist before its
+    /// residual readers run, so that `f` emits nothing (`fq_skip[f]` set while asking): its
+    /// producer's epilogue writes them ([`Planner::quantized_output`] or
+    /// [`Planner::quantized_copy`]), or a direct quantized convolution reads `f` as its operand
+    /// ahead of every residual reader (its rows are those bytes).
+    fn residual_bytes(&self, f: usize, pat: &Patterns) -> bool {
+        let g = self.g;
+        let (u, v) = (g.nodes[f].inputs[0], g.nodes[f].outputs[0]);
+        let Op::FakeQuant(fq) = &g.nodes[f].op else {
+            return false;
+        };
+        let s = fq.scales[0];
+        let first_residual = pat.users_of[v]
+            .iter()
+            .copied()
+            .filter(|&r| self.residual_reader(f, r))
+            .min()
+            .unwrap_or(0);
+        // A reader that is both is lowered operand first (its rows are the bytes).
+        let direct_first = pat.users_of[v].iter().any(|&r| {
+            r <= first_residual
+                && matches!(g.nodes[r].op, Op::Conv(_))
+                && g.nodes[r].inputs[0] == v
+                && self.quant[r]
+                    .as_ref()
+                    .is_some_and(|q| q.direct && q.x_scale == s && q.qtype == fq.qtype)
+        });
+        let by_producer = g.producer(u).is_some_and(|p| {
+            matches!(g.nodes[p].op, Op::Conv(_))
+                && (self.quantized_output(p, u, true, pat) == Some((s, fq.qtype))
+                    || self.quantized_copy(p, u, true, pat) == Some(s))
+        });
+        direct_first || by_producer
     }
 
     /// Lowers a Conv or Linear that [`Planner::find_quant_gemms`] chose: the FakeQuant's input
@@ -227,22 +310,6 @@ impl Planner<'_> {
             Some(&b) => Some(self.raw(b, name)?),
             None => None,
         };
-        let (residual, act) = match &n.op {
-            Op::Conv(a) => {
-                let r = match (a.residual, n.inputs.get(3)) {
-                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
-                    _ => None,
-                };
-                (r, a.activation)
-            }
-            Op::Linear { activation } => (None, *activation),
-            _ => {
-                return Err(unsupported(
-                    name,
-                    "a quantized GEMM of neither Conv nor Linear",
-                ))
-            }
-        };
         // Rows of the same activations at the same scale are quantized once: by the producer's
         // epilogue, or by the first direct GEMM that reads them.
         let reuse = match self.quantized_of[u] {
@@ -298,6 +365,23 @@ impl Planner<'_> {
                 l
             }
         };
+        // After xq: a skip that is also this step's operand reads its rows.
+        let ((residual, residual_scale), act) = match &n.op {
+            Op::Conv(a) => {
+                let r = match (a.residual, n.inputs.get(3)) {
+                    (true, Some(&r)) => self.quant_residual(r, q.qtype, name)?,
+                    _ => (None, None),
+                };
+                (r, a.activation)
+            }
+            Op::Linear { activation } => ((None, None), *activation),
+            _ => {
+                return Err(unsupported(
+                    name,
+                    "a quantized GEMM of neither Conv nor Linear",
+                ))
+            }
+        };
         let acc = Loc::Storage {
             id: self.new_storage(mm * nn * 4),
             offset: 0,
@@ -343,7 +427,7 @@ impl Planner<'_> {
             [w, xq],
             (xq_ready, copy_of_x),
             [acc, y],
-            (y_quant, y_copy.map(|(_, s)| s)),
+            (y_quant, y_copy.map(|(_, s)| s), residual_scale),
         )?;
         self.push(
             name,
@@ -359,6 +443,7 @@ impl Planner<'_> {
                 scale,
                 bias,
                 residual,
+                residual_scale,
                 y,
                 y_scale: y_quant.map(|(s, _)| s),
                 y_copy,
@@ -373,13 +458,47 @@ impl Planner<'_> {
         Ok(Lowered::Steps)
     }
 
+    /// A quantized convolution's residual `r`: the bytes of a skip the model quantizes (`r` a
+    /// FakeQuant that emits nothing, [`Planner::residual_bytes`]) with their scale, else its
+    /// floats, channels-last.
+    fn quant_residual(
+        &mut self,
+        r: usize,
+        qtype: QuantType,
+        name: &str,
+    ) -> Result<(Option<Loc>, Option<f32>)> {
+        let g = self.g;
+        let skipped = g.producer(r).filter(|&f| self.fq_skip[f]);
+        let Some(f) = skipped else {
+            return Ok((Some(self.channels_last(r, name)?), None));
+        };
+        let (Op::FakeQuant(fq), u) = (&g.nodes[f].op, g.nodes[f].inputs[0]) else {
+            return Err(unsupported(
+                name,
+                "a residual of bytes not made by a FakeQuant",
+            ));
+        };
+        match self.quantized_of[u] {
+            Some((l, s, t, true)) if s == fq.scales[0] && t == qtype => {
+                self.touch(l);
+                Ok((Some(l), Some(s)))
+            }
+            _ => Err(unsupported(
+                name,
+                "its residual's bytes were not made at its scale and layout (report it: the \
+                 plan chose to read them)",
+            )),
+        }
+    }
+
     /// The alternatives of the quantized product of node `c` ([`QuantAlternatives`]): `q` its
     /// GEMM, `tmpl` a convolution's geometry as the step reads x (`x_quantized`: x is its
     /// producer's bytes), `w` the quantized weight, `xq` the GEMM's quantized rows (made by
     /// an earlier step when `xq_ready`; x's bytes whole at `copy_of_x` where a producer wrote
     /// them, which cuDNN's paths then read), `acc` and `y` the step's accumulator and output (bytes
-    /// when `y_quant`; quantized as well, by `y_copy`'s scale, when that is given). The float
-    /// step's bias and residual are the step's own.
+    /// when `y_quant`; quantized as well, by `y_copy`'s scale, when that is given), and
+    /// `residual_scale` where the residual is bytes. The float step's bias is the step's own,
+    /// its residual too unless that is bytes (then dequantized into storage of its own).
     pub(in crate::plan) fn quant_alternatives(
         &mut self,
         c: &NodeCtx,
@@ -387,7 +506,7 @@ impl Planner<'_> {
         [w, xq]: [Loc; 2],
         (xq_ready, copy_of_x): (bool, Option<Loc>),
         [acc, y]: [Loc; 2],
-        (y_quant, y_copy): (Option<(f32, QuantType)>, Option<f32>),
+        (y_quant, y_copy, residual_scale): (Option<(f32, QuantType)>, Option<f32>, Option<f32>),
     ) -> Result<QuantAlternatives> {
         let (n, name, es) = (c.n, c.name, self.es);
         let (mm, nn, k) = (q.m, q.n, q.k);
@@ -404,10 +523,13 @@ impl Planner<'_> {
             Some(&b) => Some(self.raw(b, name)?),
             None => None,
         };
+        // A residual of bytes: the float step reads it dequantized, into storage of its own.
+        let rf = residual_scale.map(|_| fresh(self, mm * nn * es));
         let product = match (&tmpl, &n.op) {
             (Some(t), Op::Conv(a)) => {
-                let residual = match (a.residual, n.inputs.get(3)) {
-                    (true, Some(&r)) => Some(self.channels_last(r, name)?),
+                let residual = match (rf, a.residual, n.inputs.get(3)) {
+                    (Some(rf), ..) => Some(rf),
+                    (None, true, Some(&r)) => Some(self.channels_last(r, name)?),
                     _ => None,
                 };
                 let Loc::Const { id, .. } = wf else {
@@ -478,7 +600,7 @@ impl Planner<'_> {
         };
         let graph = match (&dnn_conv, &n.op) {
             (Some(_), Op::Conv(a)) if crate::int8::quant_graph_act(a.activation).is_some() => {
-                self.quant_graph_consts(n, y_quant, y_copy)?
+                self.quant_graph_consts(n, q, (y_quant, y_copy), residual_scale)?
             }
             _ => None,
         };
@@ -492,6 +614,7 @@ impl Planner<'_> {
                 product,
                 yf,
                 fills_xq: false,
+                residual: rf,
             },
         })
     }
@@ -503,10 +626,18 @@ impl Planner<'_> {
     pub(in crate::plan) fn quant_graph_consts(
         &mut self,
         n: &Node,
-        y_quant: Option<(f32, QuantType)>,
-        y_copy: Option<f32>,
+        q: &crate::int8::Int8Gemm,
+        (y_quant, y_copy): (Option<(f32, QuantType)>, Option<f32>),
+        residual_scale: Option<f32>,
     ) -> Result<Option<QuantGraphConsts>> {
         let g = self.g;
+        // A residual of bytes is added as read: every constant before it divided by its scale
+        // r, the last multiply (there is always one) r / y_scale or r. Never with a second
+        // output, whose multiply reads y as written.
+        let r = residual_scale.unwrap_or(1.0);
+        if residual_scale.is_some() && y_copy.is_some() {
+            return Ok(None);
+        }
         let channels = match n.inputs.get(1).and_then(|&w| g.constant(w)) {
             Some(w) => w.shape[0],
             None => return Ok(None),
@@ -526,14 +657,25 @@ impl Planner<'_> {
             Ok(l)
         };
         let bias = match bias {
+            Some(b) if residual_scale.is_some() => {
+                Some(f32_const(self, b.iter().map(|v| v / r).collect())?)
+            }
             Some(b) => Some(f32_const(self, b)?),
             None => None,
         };
-        let y_inv = match y_quant {
-            Some((s, _)) => Some(f32_const(
+        let y_inv = match (y_quant, residual_scale) {
+            (Some((s, _)), _) => Some(f32_const(
                 self,
-                vec![crate::int8::inverse_scale(s); channels],
+                vec![crate::int8::inverse_scale(s) * r; channels],
             )?),
+            (None, Some(_)) => Some(f32_const(self, vec![r; channels])?),
+            (None, None) => None,
+        };
+        let scale = match residual_scale {
+            Some(_) => {
+                let sc = q.w_scales.iter().map(|&w| q.x_scale * w / r).collect();
+                Some(f32_const(self, sc)?)
+            }
             None => None,
         };
         let copy_inv = match y_copy {
@@ -547,6 +689,7 @@ impl Planner<'_> {
             bias,
             y_inv,
             copy_inv,
+            scale,
         }))
     }
 
@@ -581,6 +724,9 @@ impl Planner<'_> {
             let Some(q) = &self.quant[r] else {
                 return false;
             };
+            if self.residual_reader(f, r) && g.nodes[r].inputs[0] != fv {
+                return nhwc;
+            }
             match &g.nodes[r].op {
                 Op::Conv(a) => {
                     let c = if self.shapes[v].len() == 4 {
