@@ -1023,6 +1023,29 @@ fn quant_cudnn_float_and_chosen_paths_match_the_exact_reference() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Items whose top-1 class is the reference's, and items whose top-1 differs although the
+/// reference's margin (its first logit over its second) is wider than twice the largest error
+/// in that item's logits: a flip the accepted error cannot explain. A synthetic-weight
+/// resnet50's logits lie close together, so an output within the rel-L2 tolerance may still
+/// swap a near tie (fp8's grid moves a value 6 % when fp16's rounding tips it over a tie).
+fn top1_against(got: &[f32], want: &[f32], classes: usize) -> (usize, usize) {
+    let argmax = |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
+    let (mut same, mut flips) = (0, 0);
+    for (g, w) in got.chunks(classes).zip(want.chunks(classes)) {
+        let top = argmax(w);
+        if argmax(g) == top {
+            same += 1;
+            continue;
+        }
+        let second = (0..w.len())
+            .filter(|&i| i != top)
+            .fold(f32::NEG_INFINITY, |m, i| m.max(w[i]));
+        let worst = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        flips += usize::from(w[top] - second > 2.0 * worst);
+    }
+    (same, flips)
+}
+
 /// Builds the small CNN and resnet50, calibrated per `combos`, with the quantized products'
 /// `paths`, and returns the failures: an output off the exact reference by more than fp16's
 /// tolerance or quantization's own effect, or a top-1 that differs. Prints every quantized
@@ -1187,22 +1210,20 @@ fn quant_layers_against_the_reference(
             let (got, want) = (m.output(), c.output());
             let err = rel_l2(got, want);
             let classes = want.len() / batch;
-            let argmax = |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
-            let same = got
-                .chunks(classes)
-                .zip(want.chunks(classes))
-                .filter(|(a, b)| argmax(a) == argmax(b))
-                .count();
+            let (same, flips) = top1_against(got, want, classes);
             println!(
                 "{what}: {} QuantGemm steps, worst layer {} {:.3e}; output rel L2 {err:.3e} \
-                 (quantization itself {quantization:.3e}), top-1 {same}/{batch}",
+                 (quantization itself {quantization:.3e}), top-1 {same}/{batch} ({} of the \
+                 others a near tie)",
                 gemm_nodes.len(),
                 worst.1,
-                worst.0
+                worst.0,
+                batch - same - flips
             );
-            if err.is_nan() || err >= tolerance(Precision::Fp16).max(quantization) || same != batch
-            {
-                failures.push(format!("{what}: {err:.3e}, top-1 {same}/{batch}"));
+            if err.is_nan() || err >= tolerance(Precision::Fp16).max(quantization) || flips > 0 {
+                failures.push(format!(
+                    "{what}: {err:.3e}, top-1 {same}/{batch}, {flips} not near a tie"
+                ));
             }
         }
     }
