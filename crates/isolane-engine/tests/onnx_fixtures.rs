@@ -611,21 +611,38 @@ fn trained_digits_model_keeps_its_accuracy_quantized() {
     let calib_batch = 64;
     let set = load_calibration_set(&digits.join("calibration"), &fp32, calib_batch, 64).unwrap();
     assert_eq!(set.items, 64);
-    for (qtype, method) in [
-        (QuantType::Int8, CalibMethod::Percentile(99.99)),
-        (QuantType::Int8, CalibMethod::Entropy),
-        (QuantType::Float8E4M3Fn, CalibMethod::Percentile(99.99)),
+    // The residual add's skip quantized (the default) and kept in floats.
+    for (qtype, method, residual_skips) in [
+        (QuantType::Int8, CalibMethod::Percentile(99.99), true),
+        (QuantType::Int8, CalibMethod::Entropy, true),
+        (
+            QuantType::Float8E4M3Fn,
+            CalibMethod::Percentile(99.99),
+            true,
+        ),
+        (QuantType::Int8, CalibMethod::Percentile(99.99), false),
+        (
+            QuantType::Float8E4M3Fn,
+            CalibMethod::Percentile(99.99),
+            false,
+        ),
     ] {
         let opts = CalibOptions {
             qtype,
             method,
+            residual_skips,
             ..Default::default()
         };
         let q = quantize_model(&fp32, calib_batch, &set.samples, &opts).unwrap();
         assert!(q.weights >= 5 && q.activations >= 5, "{q:?}");
         let out = cpu_reference(&q.graph, n, &x.data, 2).unwrap();
         let s = score_top1(&out, &reference, &labels).unwrap();
-        let what = format!("isolane {qtype} {}", method.name());
+        let skip = if residual_skips {
+            ""
+        } else {
+            ", skip in floats"
+        };
+        let what = format!("isolane {qtype} {}{skip}", method.name());
         println!("{what:30} {s}");
         failures.extend(check(&what, s));
     }
