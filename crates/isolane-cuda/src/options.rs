@@ -50,13 +50,16 @@ pub enum QuantPaths {
     Own,
     /// `ISOLANE_CUDA_QUANT=own-bytes`: the own kernel on the rows of the bytes' im2col.
     OwnBytes,
+    /// `ISOLANE_CUDA_QUANT=fastest-own`: every candidate timed, the own kernel's two among
+    /// them (its per-layer times in the search log; a longer build).
+    FastestWithOwn,
 }
 
 impl QuantPaths {
     /// The candidate index forced (`crate::plan::QuantAlternatives`' order), if any.
     pub fn forced(self) -> Option<usize> {
         match self {
-            QuantPaths::Fastest => None,
+            QuantPaths::Fastest | QuantPaths::FastestWithOwn => None,
             QuantPaths::Gemm => Some(0),
             QuantPaths::Cudnn => Some(1),
             QuantPaths::Float => Some(2),
@@ -65,6 +68,14 @@ impl QuantPaths {
             QuantPaths::Own => Some(5),
             QuantPaths::OwnBytes => Some(6),
         }
+    }
+
+    /// Whether the own kernel's candidates are built (forced, or timed with the others).
+    pub fn builds_own(self) -> bool {
+        matches!(
+            self,
+            QuantPaths::Own | QuantPaths::OwnBytes | QuantPaths::FastestWithOwn
+        )
     }
 }
 
@@ -226,6 +237,7 @@ impl BuildOptions {
                 Some("bytes") => QuantPaths::Bytes,
                 Some("own") => QuantPaths::Own,
                 Some("own-bytes") => QuantPaths::OwnBytes,
+                Some("fastest-own") => QuantPaths::FastestWithOwn,
                 // As an MPS client with part of the threads a quantized product keeps the int8
                 // GEMM, as the untimed rule of sessions 11-29 did: cuDNN's int8 paths are not
                 // known to be right there, and a rebuild bars convolution paths only.
@@ -386,6 +398,11 @@ mod tests {
             ],
             [Some(0), Some(1), Some(2), Some(3), Some(4), None]
         );
+        // The own kernel is built forced, or timed with the others.
+        let own = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths;
+        assert!(own("own").builds_own() && own("own-bytes").builds_own());
+        assert!(own("fastest-own").builds_own() && own("fastest-own").forced().is_none());
+        assert!(!own("graph").builds_own() && !own("").builds_own());
         // Each candidate's name is the value that forces it.
         for i in 0..5 {
             let name = quant_candidate_name(i);

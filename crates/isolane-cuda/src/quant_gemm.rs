@@ -130,14 +130,11 @@ pub(super) fn record_quant_gemm(
         }
     }
     // The own kernel in place of the GEMM and the epilogue of paths 0 and 4 (their last two
-    // launches), before either takes its copy's quantize below. Built only where forced: on the
-    // H200 it lost to cuDNN's fused graph on every resnet50 layer at batch 1 and 64 (session
-    // 31, docs/cuda.md), so timing it would only lengthen every build.
-    let own_forced = matches!(
-        rec.options.quant_paths.forced(),
-        Some(OWN_PATH | OWN_BYTES_PATH)
-    );
-    if own_forced {
+    // launches), before either takes its copy's quantize below. Built only where forced or
+    // asked to be timed (`fastest-own`): on the H200 it lost to cuDNN's fused graph on every
+    // resnet50 layer at batch 1 and 64 (session 31, docs/cuda.md), so timing it by default
+    // would only lengthen every build.
+    if rec.options.quant_paths.builds_own() {
         paths[OWN_PATH] = match &paths[0] {
             Ok(gemm) => own_gemm(rec, q, gemm),
             Err(_) => Err(EngineError::Runtime(
@@ -153,8 +150,8 @@ pub(super) fn record_quant_gemm(
     } else {
         for p in [OWN_PATH, OWN_BYTES_PATH] {
             paths[p] = Err(EngineError::Runtime(
-                "not built unless forced (ISOLANE_CUDA_QUANT=own / own-bytes): slower than \
-                 cuDNN's graph on the H200"
+                "not built unless asked (ISOLANE_CUDA_QUANT=own / own-bytes / fastest-own): \
+                 slower than cuDNN's graph on the H200"
                     .into(),
             ));
         }

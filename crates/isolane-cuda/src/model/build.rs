@@ -25,12 +25,9 @@ impl CudaModel {
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
         // The own int8 kernel's Hopper form needs the module built for sm_90a; only a build that
-        // forces the own path asks for it (crate::quant_gemm), so every other build's module is
+        // builds the own path asks for it (crate::quant_gemm), so every other build's module is
         // the plain sm_90 one the H200 runs were measured with.
-        let own = matches!(
-            target.build.quant_paths,
-            crate::options::QuantPaths::Own | crate::options::QuantPaths::OwnBytes
-        );
+        let own = target.build.quant_paths.builds_own();
         let smem_optin = device_smem_optin()?;
         let half_names = m.load_kernels(plan.dtype, (arch, smem_optin), own)?;
         m.programmatic =
