@@ -717,7 +717,8 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
         input.to_str().unwrap(),
         cal.path().to_str().unwrap(),
     );
-    for (precision, method) in [("int8", "entropy"), ("fp8", "minmax")] {
+    for (precision, method, skips) in [("int8", "entropy", "float"), ("fp8", "minmax", "quantized")]
+    {
         let (code, out, err) = run(&[
             "infer",
             "--model",
@@ -730,6 +731,8 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
             c,
             "--calibration-method",
             method,
+            "--calibration-skips",
+            skips,
             "--threads",
             "1",
         ]);
@@ -741,12 +744,13 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
         };
         assert!(
             out.contains(&format!("calibration: {q} from 2 calibration items"))
-                && out.contains("top-1 agreement"),
+                && out.contains("top-1 agreement")
+                && out.contains(&format!("; residual skips {skips}\n")),
             "{out}"
         );
         assert!(out.contains("sample 1:"), "{out}");
     }
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--precision", "int8"], "--calibration DIR"),
         (
             &[
@@ -760,6 +764,21 @@ fn int8_and_fp8_quantize_from_a_calibration_folder() {
             "entropy",
         ),
         (&["--calibration", c], "are for --precision int8 or fp8"),
+        (
+            &["--calibration-skips", "float"],
+            "--calibration-skips are for --precision int8 or fp8, not fp32",
+        ),
+        (
+            &[
+                "--precision",
+                "int8",
+                "--calibration",
+                c,
+                "--calibration-skips",
+                "bytes",
+            ],
+            "--calibration-skips",
+        ),
     ];
     for (extra, want) in cases {
         let mut args = vec!["infer", "--model", m, "--input", i];
@@ -871,16 +890,18 @@ fn bench_measures_int8_and_fp8_rows_from_a_calibration_folder() {
     let mut args = base.to_vec();
     args.extend_from_slice(&["--precision", "int8,fp8", "--calibration", c]);
     args.extend_from_slice(&["--calibration-method", "minmax"]);
+    args.extend_from_slice(&["--calibration-skips", "float"]);
     let (code, out, err) = run(&args);
     assert_eq!(code, 0, "{out}{err}");
     for p in ["int8", "fp8"] {
         assert!(out.contains(&format!(r#""precision":"{p}""#)), "{out}");
     }
     assert!(
-        err.contains("mobilenet_v2 batch 1 int8: int8 from 1 calibration items"),
+        err.contains("mobilenet_v2 batch 1 int8: int8 from 1 calibration items")
+            && err.contains("; residual skips float\n"),
         "{err}"
     );
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--precision", "int8"], "--calibration DIR"),
         (
             &["--precision", "fp16", "--calibration", c],
@@ -896,6 +917,21 @@ fn bench_measures_int8_and_fp8_rows_from_a_calibration_folder() {
                 "mean",
             ],
             "--calibration-method",
+        ),
+        (
+            &["--precision", "fp16", "--calibration-skips", "float"],
+            "--calibration-skips are for --precision int8 or fp8",
+        ),
+        (
+            &[
+                "--precision",
+                "int8",
+                "--calibration",
+                c,
+                "--calibration-skips",
+                "bytes",
+            ],
+            "--calibration-skips",
         ),
     ];
     for (extra, want) in cases {

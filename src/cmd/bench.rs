@@ -34,6 +34,11 @@ pub struct BenchArgs {
     /// How --calibration sets each activation's scale (default percentile; entropy is int8 only).
     #[arg(long, value_name = "METHOD", value_parser = ["percentile", "entropy", "minmax"])]
     calibration_method: Option<String>,
+    /// What --calibration does with a residual block's skip: quantized (the default; on cuda
+    /// it stays in bytes, half the memory traffic of a block's output) or float (added in
+    /// floats: a little closer to the float model).
+    #[arg(long, value_name = "SKIPS", value_parser = ["quantized", "float"])]
+    calibration_skips: Option<String>,
     /// cuda or cpu. Default: cuda where a CUDA GPU can run it, else cpu with a note saying why
     /// (as `isolane run` picks its quickstart); `--backend cuda` insists on the GPU.
     #[arg(long, value_parser = ["cuda", "cpu"])]
@@ -72,6 +77,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         precisions: args.precision,
         calibration: args.calibration,
         calibration_method: args.calibration_method,
+        calibration_skips: args.calibration_skips,
         backend: args.backend,
         replays: args.replays,
         warmup: args.warmup,

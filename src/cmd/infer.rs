@@ -43,6 +43,11 @@ pub struct InferArgs {
     /// How --calibration sets each activation's scale (default percentile; entropy is int8 only).
     #[arg(long, value_name = "METHOD", value_parser = ["percentile", "entropy", "minmax"])]
     calibration_method: Option<String>,
+    /// What --calibration does with a residual block's skip: quantized (the default; on cuda
+    /// it stays in bytes, half the memory traffic of a block's output) or float (added in
+    /// floats: a little closer to the float model).
+    #[arg(long, value_name = "SKIPS", value_parser = ["quantized", "float"])]
+    calibration_skips: Option<String>,
     /// GPU index (backend cuda).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
@@ -106,6 +111,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<u8> {
         precision: args.precision,
         calibration: args.calibration,
         calibration_method: args.calibration_method,
+        calibration_skips: args.calibration_skips,
         gpu: args.gpu,
         threads: args.threads,
         source,

@@ -253,6 +253,10 @@ pub struct CalibrationSpec {
     pub dir: String,
     /// `calibration_method`; percentile (the 99.99th) unless written.
     pub method: CalibrationMethod,
+    /// `calibration_skips`; quantized unless written (serde's default too, so that a spec
+    /// serialized before the field existed still reads).
+    #[serde(default)]
+    pub skips: CalibrationSkips,
 }
 
 /// How an activation's range is chosen from the calibration set.
@@ -262,6 +266,18 @@ pub enum CalibrationMethod {
     Percentile,
     Entropy,
     Minmax,
+}
+
+/// What calibration does with a residual block's skip (a convolution's fused residual).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CalibrationSkips {
+    /// Quantized too: on cuda the skip stays in bytes, half the memory traffic of a block's
+    /// output (TensorRT's and onnxruntime's default).
+    #[default]
+    Quantized,
+    /// Added in floats: a little closer to the float model.
+    Float,
 }
 
 /// Fixed release rate, or closed loop.
@@ -354,8 +370,8 @@ pub struct WorkloadSpec {
     pub weights: Option<String>,
     pub batch: u32,
     pub precision: Precision,
-    /// With precision "int8" or "fp8": the calibration set and method (`calibration`,
-    /// `calibration_method`); `None` otherwise.
+    /// With precision "int8" or "fp8": the calibration set, method and skips (`calibration`,
+    /// `calibration_method`, `calibration_skips`); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationSpec>,
     pub rate: Rate,

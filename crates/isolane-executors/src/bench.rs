@@ -22,6 +22,8 @@ pub struct BenchRequest {
     pub calibration: Option<std::path::PathBuf>,
     /// `percentile` (the default), `entropy` (int8 only) or `minmax`.
     pub calibration_method: Option<String>,
+    /// `quantized` (the default: a residual block's skip quantized too) or `float`.
+    pub calibration_skips: Option<String>,
     /// `"cuda"` or `"cpu"` (`None`: cuda where it can run, else cpu).
     pub backend: Option<String>,
     /// Timed jobs per configuration.
@@ -205,20 +207,22 @@ fn pick_backend(
     }
 }
 
-/// The calibration method of int8 / fp8 rows; the calibration flags without such a row, or
-/// such a row without a folder, are the user's mistakes.
-fn calibration_method(
+/// How int8 / fp8 rows are calibrated (their `qtype` is each row's); the calibration flags
+/// without such a row, or such a row without a folder, are the user's mistakes.
+fn calibration_options(
     args: &BenchRequest,
     quantized: bool,
-) -> Result<isolane_engine::calibrate::CalibMethod, BenchError> {
-    use isolane_engine::calibrate::CalibMethod;
+) -> Result<isolane_engine::calibrate::CalibOptions, BenchError> {
+    use isolane_engine::calibrate::{CalibMethod, CalibOptions};
     if !quantized {
-        if args.calibration.is_some() || args.calibration_method.is_some() {
+        let skips = args.calibration_skips.is_some();
+        if args.calibration.is_some() || args.calibration_method.is_some() || skips {
             return Err(user(
-                "--calibration and --calibration-method are for --precision int8 or fp8",
+                "--calibration, --calibration-method and --calibration-skips are for \
+                 --precision int8 or fp8",
             ));
         }
-        return Ok(CalibMethod::Percentile(99.99));
+        return Ok(CalibOptions::default());
     }
     if args.calibration.is_none() {
         return Err(user(
@@ -226,14 +230,22 @@ fn calibration_method(
              of the model's input)",
         ));
     }
-    match args.calibration_method.as_deref() {
-        None | Some("percentile") => Ok(CalibMethod::Percentile(99.99)),
-        Some("entropy") => Ok(CalibMethod::Entropy),
-        Some("minmax") => Ok(CalibMethod::MinMax),
-        Some(m) => Err(user(format!(
-            "--calibration-method {m}: expected percentile, entropy or minmax"
-        ))),
-    }
+    let method = match args.calibration_method.as_deref() {
+        None | Some("percentile") => CalibMethod::Percentile(99.99),
+        Some("entropy") => CalibMethod::Entropy,
+        Some("minmax") => CalibMethod::MinMax,
+        Some(m) => {
+            return Err(user(format!(
+                "--calibration-method {m}: expected percentile, entropy or minmax"
+            )))
+        }
+    };
+    Ok(CalibOptions {
+        method,
+        residual_skips: crate::engine::residual_skips(args.calibration_skips.as_deref())
+            .map_err(user)?,
+        ..Default::default()
+    })
 }
 
 /// Measures every model × batch × precision; `gpu_unusable` says why cuda cannot run here,
@@ -277,7 +289,7 @@ pub fn bench(
             }
         });
     }
-    let method = calibration_method(args, quantized)?;
+    let calibration = calibration_options(args, quantized)?;
     for m in &args.models {
         if model_info(m).is_none() && !is_saved_plan_path(m) {
             return Err(user(format!(
@@ -350,8 +362,7 @@ pub fn bench(
                     (Some(q), Some(dir)) => {
                         let opts = isolane_engine::calibrate::CalibOptions {
                             qtype: *q,
-                            method,
-                            ..Default::default()
+                            ..calibration.clone()
                         };
                         let threads = if args.threads == 0 {
                             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -362,7 +373,10 @@ pub fn bench(
                             &graph, batch, dir, &opts, threads,
                         )
                         .map_err(|e| user(format!("--calibration {}: {e}", dir.display())))?;
-                        note(format!("{name} batch {batch} {label}: {report}"));
+                        let skips = crate::engine::skips_name(opts.residual_skips);
+                        note(format!(
+                            "{name} batch {batch} {label}: {report}; residual skips {skips}"
+                        ));
                         std::borrow::Cow::Owned(g)
                     }
                     _ => std::borrow::Cow::Borrowed(&graph),
@@ -466,6 +480,57 @@ pub fn bench(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--calibration-method` and `--calibration-skips` become every int8 / fp8 row's
+    /// calibration options; either without such a row, or a value of neither, is refused.
+    #[test]
+    fn the_calibration_flags_become_the_rows_calibration_options() {
+        use isolane_engine::calibrate::CalibMethod;
+        let request = |method: Option<&str>, skips: Option<&str>| BenchRequest {
+            models: vec!["resnet50".into()],
+            batches: vec![1],
+            precisions: vec!["int8".into()],
+            calibration: Some("cal".into()),
+            calibration_method: method.map(str::to_string),
+            calibration_skips: skips.map(str::to_string),
+            backend: Some("cpu".into()),
+            replays: 1,
+            warmup: 0,
+            gpu: 0,
+            threads: 1,
+            seed: 1,
+        };
+        let default = calibration_options(&request(None, None), true).unwrap();
+        assert!(default.residual_skips);
+        assert_eq!(default.method, CalibMethod::Percentile(99.99));
+        let asked = calibration_options(&request(Some("minmax"), Some("float")), true).unwrap();
+        assert!(!asked.residual_skips);
+        assert_eq!(asked.method, CalibMethod::MinMax);
+        let quantized = request(None, Some("quantized"));
+        assert!(
+            calibration_options(&quantized, true)
+                .unwrap()
+                .residual_skips
+        );
+
+        let e = calibration_options(&request(None, Some("bytes")), true).unwrap_err();
+        assert!(e.is_user_error());
+        assert_eq!(
+            e.to_string(),
+            "--calibration-skips bytes: expected quantized or float"
+        );
+        let alone = BenchRequest {
+            calibration: None,
+            ..request(None, Some("float"))
+        };
+        let e = calibration_options(&alone, false).unwrap_err();
+        assert!(e.is_user_error());
+        assert!(
+            e.to_string()
+                .contains("--calibration-skips are for --precision int8 or fp8"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_model_the_engine_cannot_take_is_the_users_and_memory_keeps_its_source() {

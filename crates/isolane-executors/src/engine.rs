@@ -83,8 +83,7 @@ fn cpu_precision(p: SpecPrecision) -> Precision {
 /// a calibrated model's layers may run plain fp16 on cuda, a QDQ file's keep its fake-quant
 /// arithmetic ([`isolane_cuda::BuildOptions::quant_float_plain`]).
 fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<(Graph, bool), ExecError> {
-    use isolane_core::spec::CalibrationMethod as M;
-    use isolane_engine::calibrate::{self, CalibMethod, CalibOptions};
+    use isolane_engine::calibrate;
     use isolane_engine::quant::QuantType;
     let qtype = match spec.precision {
         SpecPrecision::Int8 => QuantType::Int8,
@@ -97,23 +96,58 @@ fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<(Graph, bool), ExecErr
             "precision int8 and fp8 need calibration = \"DIR\" (a folder of .npy files or images)",
         ));
     };
-    let method = match c.method {
-        M::Percentile => CalibMethod::Percentile(99.99),
-        M::Entropy => CalibMethod::Entropy,
-        M::Minmax => CalibMethod::MinMax,
-    };
-    let opts = CalibOptions {
-        qtype,
-        method,
-        ..Default::default()
-    };
+    let opts = calib_options(qtype, c);
     let threads = spec.cpu.len().max(1);
     let dir = Path::new(&c.dir);
     let (q, report) =
         calibrate::quantize_from_folder(&graph, spec.batch as usize, dir, &opts, threads)
             .map_err(|e| bad_model(spec, e))?;
-    eprintln!("workload {}: {report}", spec.name);
+    let skips = skips_name(opts.residual_skips);
+    eprintln!("workload {}: {report}; residual skips {skips}", spec.name);
     Ok((q, true))
+}
+
+/// How a workload's `calibration`, `calibration_method` and `calibration_skips` calibrate
+/// its model to `qtype`.
+fn calib_options(
+    qtype: isolane_engine::quant::QuantType,
+    c: &isolane_core::spec::CalibrationSpec,
+) -> isolane_engine::calibrate::CalibOptions {
+    use isolane_core::spec::{CalibrationMethod as M, CalibrationSkips};
+    use isolane_engine::calibrate::{CalibMethod, CalibOptions};
+    let method = match c.method {
+        M::Percentile => CalibMethod::Percentile(99.99),
+        M::Entropy => CalibMethod::Entropy,
+        M::Minmax => CalibMethod::MinMax,
+    };
+    CalibOptions {
+        qtype,
+        method,
+        residual_skips: c.skips == CalibrationSkips::Quantized,
+        ..Default::default()
+    }
+}
+
+/// `--calibration-skips`' value ([`isolane_engine::calibrate::CalibOptions::residual_skips`]):
+/// quantized unless `float` is asked for; the message of a value that is neither.
+pub(crate) fn residual_skips(flag: Option<&str>) -> Result<bool, String> {
+    match flag {
+        None | Some("quantized") => Ok(true),
+        Some("float") => Ok(false),
+        Some(s) => Err(format!(
+            "--calibration-skips {s}: expected quantized or float"
+        )),
+    }
+}
+
+/// The name of a calibration's residual skips, as `calibration_skips` and
+/// `--calibration-skips` write it, for the line that reports the calibration.
+pub(crate) fn skips_name(residual_skips: bool) -> &'static str {
+    if residual_skips {
+        "quantized"
+    } else {
+        "float"
+    }
 }
 
 /// An engine error of building `spec`'s model: an out-of-memory kept as one (exit 3), the
@@ -1030,6 +1064,46 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(matches!(err, ExecError::BadModel { .. }), "{err}");
         assert!(err.to_string().contains("b.npy"), "{err}");
+    }
+
+    /// A workload's `calibration_skips` reaches the calibration's options with its method:
+    /// quantized unless written `"float"`; `--calibration-skips` takes the same two names.
+    #[test]
+    fn calibration_skips_reach_the_calibration_options() {
+        use isolane_engine::calibrate::CalibMethod;
+        use isolane_engine::quant::QuantType;
+        let options = |extra: &str| {
+            let text = format!(
+                "[[workload]]\nname = \"q\"\nmodel = \"{}\"\nprecision = \"fp8\"\n\
+                 calibration = \".\"\ncalibration_method = \"minmax\"\n{extra}rate_hz = 5\n\
+                 jobs = 1\n",
+                fixture("tiny_cnn_op14.onnx").display()
+            );
+            let at = std::env::temp_dir().join("s.toml");
+            let s = Scenario::from_toml_str(&text, at, &NoBuiltinModels).unwrap();
+            let c = s.workloads[0].calibration.clone().unwrap();
+            calib_options(QuantType::Float8E4M3Fn, &c)
+        };
+        let quantized = options("");
+        assert!(quantized.residual_skips);
+        assert_eq!(quantized.method, CalibMethod::MinMax);
+        assert_eq!(quantized.qtype, QuantType::Float8E4M3Fn);
+        let float = options("calibration_skips = \"float\"\n");
+        assert!(!float.residual_skips);
+        assert_eq!(float.method, CalibMethod::MinMax);
+        assert!(options("calibration_skips = \"quantized\"\n").residual_skips);
+
+        assert_eq!(residual_skips(None), Ok(true));
+        assert_eq!(residual_skips(Some("quantized")), Ok(true));
+        assert_eq!(residual_skips(Some("float")), Ok(false));
+        assert_eq!(
+            residual_skips(Some("bytes")),
+            Err("--calibration-skips bytes: expected quantized or float".to_string())
+        );
+        assert_eq!(
+            (skips_name(true), skips_name(false)),
+            ("quantized", "float")
+        );
     }
 
     /// A served model is loaded again from its file at each `ctl load`: a file that has become

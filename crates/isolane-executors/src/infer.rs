@@ -28,6 +28,8 @@ pub struct InferRequest {
     pub calibration: Option<PathBuf>,
     /// `percentile` (the default), `entropy` (int8 only) or `minmax`.
     pub calibration_method: Option<String>,
+    /// `quantized` (the default: a residual block's skip quantized too) or `float`.
+    pub calibration_skips: Option<String>,
     pub gpu: u32,
     /// CPU threads (0 = one per core).
     pub threads: usize,
@@ -138,10 +140,11 @@ fn parse_precision(
         "int8" => QuantType::Int8,
         "fp8" => QuantType::Float8E4M3Fn,
         p => {
-            if args.calibration.is_some() || args.calibration_method.is_some() {
+            let skips = args.calibration_skips.is_some();
+            if args.calibration.is_some() || args.calibration_method.is_some() || skips {
                 return Err(user(format!(
-                    "--calibration and --calibration-method are for --precision int8 or fp8, \
-                     not {p}"
+                    "--calibration, --calibration-method and --calibration-skips are for \
+                     --precision int8 or fp8, not {p}"
                 )));
             }
             return Ok((p.parse().map_err(user)?, None));
@@ -164,6 +167,8 @@ fn parse_precision(
             )))
         }
     };
+    let residual_skips =
+        crate::engine::residual_skips(args.calibration_skips.as_deref()).map_err(user)?;
     let float = if args.backend == "cuda" {
         Precision::Fp16
     } else {
@@ -172,6 +177,7 @@ fn parse_precision(
     let opts = CalibOptions {
         qtype,
         method,
+        residual_skips,
         ..Default::default()
     };
     Ok((float, Some((opts, dir))))
@@ -324,7 +330,8 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             let (q, report) =
                 isolane_engine::calibrate::quantize_from_folder(&graph, batch, dir, opts, threads)
                     .map_err(|e| user(format!("--calibration {}: {e}", dir.display())))?;
-            say(format!("calibration: {report}"));
+            let skips = crate::engine::skips_name(opts.residual_skips);
+            say(format!("calibration: {report}; residual skips {skips}"));
             q
         }
         None => graph,
@@ -682,5 +689,69 @@ fn top5(out: &[f32], shape: &[usize], say: &mut dyn FnMut(String)) {
             "({} more samples not shown; --save-output writes them all)",
             b - SHOWN
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(precision: &str, skips: Option<&str>) -> InferRequest {
+        InferRequest {
+            model: "resnet18".into(),
+            weights: None,
+            weights_seed: 0,
+            backend: "cuda".into(),
+            precision: precision.into(),
+            calibration: Some("cal".into()),
+            calibration_method: Some("entropy".into()),
+            calibration_skips: skips.map(str::to_string),
+            gpu: 0,
+            threads: 1,
+            source: Source::Random,
+            seed: 0,
+            batch: None,
+            repeat: 0,
+            profile: false,
+            plan_check: true,
+            labels: None,
+        }
+    }
+
+    /// `--calibration-skips` reaches the calibration's options with the method; it is
+    /// refused, as the other calibration flags are, without --precision int8 or fp8.
+    #[test]
+    fn calibration_skips_reach_the_calibration_options() {
+        use isolane_engine::calibrate::CalibMethod;
+        for (skips, want) in [
+            (None, true),
+            (Some("quantized"), true),
+            (Some("float"), false),
+        ] {
+            let (float, quantize) = parse_precision(&request("int8", skips)).unwrap();
+            let (opts, dir) = quantize.unwrap();
+            assert_eq!(float, Precision::Fp16);
+            assert_eq!(dir, Path::new("cal"));
+            assert_eq!(opts.method, CalibMethod::Entropy);
+            assert_eq!(opts.residual_skips, want, "{skips:?}");
+        }
+        let e = parse_precision(&request("int8", Some("bytes"))).unwrap_err();
+        assert!(e.is_user_error());
+        assert_eq!(
+            e.to_string(),
+            "--calibration-skips bytes: expected quantized or float"
+        );
+        let alone = InferRequest {
+            calibration: None,
+            calibration_method: None,
+            ..request("fp16", Some("float"))
+        };
+        let e = parse_precision(&alone).unwrap_err();
+        assert!(e.is_user_error());
+        assert!(
+            e.to_string()
+                .contains("--calibration-skips are for --precision int8 or fp8, not fp16"),
+            "{e}"
+        );
     }
 }

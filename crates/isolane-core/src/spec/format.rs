@@ -11,7 +11,8 @@ use super::limits::{
 };
 use super::model::ModelCatalog;
 use super::{
-    Backend, CalibrationMethod, Criticality, Host, LatePolicy, Mechanism, Precision, Role, WhenFull,
+    Backend, CalibrationMethod, CalibrationSkips, Criticality, Host, LatePolicy, Mechanism,
+    Precision, Role, WhenFull,
 };
 
 /// `app`: the `[[app]]` tables (pipelines and ensembles), read and validated by `isolane-app`
@@ -41,6 +42,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "precision",
     "calibration",
     "calibration_method",
+    "calibration_skips",
     "rate_hz",
     "deadline_ms",
     "phase_ms",
@@ -92,6 +94,10 @@ pub(super) const CALIBRATION_METHODS: &[(&str, CalibrationMethod)] = &[
     ("percentile", CalibrationMethod::Percentile),
     ("entropy", CalibrationMethod::Entropy),
     ("minmax", CalibrationMethod::Minmax),
+];
+pub(super) const CALIBRATION_SKIPS: &[(&str, CalibrationSkips)] = &[
+    ("quantized", CalibrationSkips::Quantized),
+    ("float", CalibrationSkips::Float),
 ];
 /// What `calibration` holds.
 pub(super) const CALIBRATION_EXPECTED: &str =

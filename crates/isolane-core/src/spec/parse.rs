@@ -27,19 +27,19 @@ use super::format::{
     default_host, default_mechanism, fine_piece_expected, hz_expected, max_delay_expected,
     model_expectation, phase_expected, preferred_expected, rate_expected, seconds_expected,
     stretch_expected, IntRule, BACKENDS, BATCH, BATCHING_KEYS, CALIBRATION_EXPECTED,
-    CALIBRATION_METHODS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS, DEVICE_KEYS, GPU, HOSTS, JOBS,
-    L2_PERSIST_MIB, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB, MIG_EXPECTED, NAME_EXPECTED,
-    PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS, QUEUE_LIMIT, RAMP_KEYS, ROLES,
-    ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS, STEPS, THREAD_PCT, TIMING_KEYS,
-    WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
+    CALIBRATION_METHODS, CALIBRATION_SKIPS, CPU_ID, CRITICALITIES, DEFAULT_WARMUP_JOBS,
+    DEVICE_KEYS, GPU, HOSTS, JOBS, L2_PERSIST_MIB, LATE, MARGIN_US, MECHANISMS, MEM_LIMIT_MIB,
+    MIG_EXPECTED, NAME_EXPECTED, PARTITION_KEYS, PIECE_US, PRECISIONS, PROTECTION_KEYS,
+    QUEUE_LIMIT, RAMP_KEYS, ROLES, ROOT_KEYS, SEED, SERVE_KEYS, SMS, SPIN_US, START_DELAY_MS,
+    STEPS, THREAD_PCT, TIMING_KEYS, WARMUP_JOBS, WHEN_FULL, WORKLOAD_KEYS,
 };
 use super::model::{is_onnx_path, ModelCatalog};
 use super::spans::{describe, FieldPath, Lines, Spans};
 use super::validate;
 use super::{
-    AdmissionMode, Backend, Batching, CalibrationMethod, CalibrationSpec, Criticality, DeviceSpec,
-    Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision, ProtectionSpec, Ramp, Rate,
-    Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
+    AdmissionMode, Backend, Batching, CalibrationMethod, CalibrationSkips, CalibrationSpec,
+    Criticality, DeviceSpec, Host, LatePolicy, MaxRate, Mechanism, PartitionSpec, Precision,
+    ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 use FieldPath::{Cpu, Length, Top, Workload};
@@ -805,8 +805,9 @@ impl<'a> Walk<'a> {
         Some(s.unwrap_or_default().to_string())
     }
 
-    /// `calibration` and `calibration_method`, read whatever the precision (validation says
-    /// where they do not belong); a method without a folder keeps the folder empty.
+    /// `calibration`, `calibration_method` and `calibration_skips`, read whatever the
+    /// precision (validation says where they do not belong); a method or skips without a
+    /// folder keep the folder empty.
     fn calibration(&mut self, t: &Tbl<'a>) -> Option<CalibrationSpec> {
         let dir = self.optional(t, "calibration", String::new(), |w, v, p| {
             w.string(v, p, CALIBRATION_EXPECTED).map(str::to_string)
@@ -817,12 +818,19 @@ impl<'a> Walk<'a> {
             CalibrationMethod::Percentile,
             |w, v, p| w.choice(v, p, CALIBRATION_METHODS),
         );
-        if dir.is_none() && method.is_none() {
+        let skips = self.optional(
+            t,
+            "calibration_skips",
+            CalibrationSkips::Quantized,
+            |w, v, p| w.choice(v, p, CALIBRATION_SKIPS),
+        );
+        if dir.is_none() && method.is_none() && skips.is_none() {
             return None;
         }
         Some(CalibrationSpec {
             dir: dir.unwrap_or_default(),
             method: method.unwrap_or(CalibrationMethod::Percentile),
+            skips: skips.unwrap_or_default(),
         })
     }
 

@@ -57,6 +57,7 @@ pub const MODEL_ONLY_KEYS: &[&str] = &[
     "precision",
     "calibration",
     "calibration_method",
+    "calibration_skips",
     "rate_hz",
     "deadline_ms",
     "phase_ms",

@@ -1977,6 +1977,7 @@ fn int8_and_fp8_take_a_calibration_folder_resolved_absolute() {
         Some(CalibrationSpec {
             dir: abs.join("cal").to_str().unwrap().to_string(),
             method: CalibrationMethod::Percentile,
+            skips: CalibrationSkips::Quantized,
         })
     );
     // Written and read back from anywhere; on the CPU backend too.
@@ -2000,6 +2001,33 @@ fn int8_and_fp8_take_a_calibration_folder_resolved_absolute() {
         e.contains(":5:15: workload[0].calibration: ") && e.contains("nope is not a folder"),
         "{e}"
     );
+}
+
+#[test]
+fn calibration_skips_are_quantized_unless_written_float() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cal")).unwrap();
+    let scen = dir.path().join("s.toml");
+    let text = "[[workload]]\nname = \"a\"\nmodel = \"resnet18\"\nprecision = \"int8\"\n\
+                calibration = \"cal\"\nrate_hz = 5\njobs = 5\n";
+    let read = |text: &str| Scenario::from_toml_str(text, &scen, &MODELS).unwrap();
+    let skips = |s: &Scenario| s.workloads[0].calibration.as_ref().unwrap().skips;
+    let s = read(text);
+    assert_eq!(skips(&s), CalibrationSkips::Quantized);
+    assert!(!s.to_toml_string().unwrap().contains("calibration_skips"));
+    for (name, want) in [
+        ("quantized", CalibrationSkips::Quantized),
+        ("float", CalibrationSkips::Float),
+    ] {
+        let s = read(&format!("{text}calibration_skips = \"{name}\"\n"));
+        assert_eq!(skips(&s), want);
+        // Written only where not the default, and read back the same from anywhere.
+        let written = s.to_toml_string().unwrap();
+        let float = written.contains("calibration_skips = \"float\"");
+        assert_eq!(float, want == CalibrationSkips::Float, "{written}");
+        let again = Scenario::from_toml_str(&written, "/elsewhere/r.toml", &MODELS).unwrap();
+        assert_eq!(again, s);
+    }
 }
 
 #[test]
@@ -2032,6 +2060,26 @@ fn calibration_keys_are_refused_where_they_mean_nothing() {
         ),
         "{e}"
     );
+    let e = err(&format!(
+        "{W}precision = \"int8\"\ncalibration_skips = \"bytes\"\n"
+    ));
+    assert!(
+        e.contains(
+            "dir/s.toml:7:21: workload[0].calibration_skips: found string \"bytes\"; expected \
+             one of \"quantized\" | \"float\""
+        ),
+        "{e}"
+    );
+    for (precision, line) in [("precision = \"fp32\"\n", 7), ("", 6)] {
+        assert_err(
+            &format!("{W}{precision}calibration_skips = \"float\"\n"),
+            line,
+            &[
+                "workload[0].calibration_skips: only with precision = \"int8\" or \"fp8\"",
+                "remove calibration_skips",
+            ],
+        );
+    }
     assert_err(
         &format!("{W}precision = \"int9\"\n"),
         6,

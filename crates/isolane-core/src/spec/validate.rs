@@ -566,12 +566,14 @@ impl Checker<'_, '_> {
     }
 
     /// `precision = "int8"` / `"fp8"` quantizes a model's graph from a calibration folder:
-    /// the folder is required there and refused elsewhere; entropy calibration is int8's.
+    /// the folder is required there; it, the method and the skips are refused elsewhere
+    /// (nothing is calibrated); entropy calibration is int8's.
     fn calibration(&mut self, i: usize, w: &WorkloadSpec) {
         let precision = Workload(i, "precision");
-        let (dir_path, method_path) = (
+        let (dir_path, method_path, skips_path) = (
             Workload(i, "calibration"),
             Workload(i, "calibration_method"),
+            Workload(i, "calibration_skips"),
         );
         if self.spans.unread(precision) {
             return;
@@ -581,6 +583,7 @@ impl Checker<'_, '_> {
             for (path, key) in [
                 (dir_path, "calibration"),
                 (method_path, "calibration_method"),
+                (skips_path, "calibration_skips"),
             ] {
                 if self.spans.written(path) {
                     self.report(

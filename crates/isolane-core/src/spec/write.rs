@@ -6,12 +6,12 @@ use serde::Serialize;
 
 use super::error::SpecError;
 use super::format::{
-    name_of, BACKENDS, CALIBRATION_METHODS, CRITICALITIES, HOSTS, LATE, MECHANISMS, PRECISIONS,
-    ROLES, WHEN_FULL,
+    name_of, BACKENDS, CALIBRATION_METHODS, CALIBRATION_SKIPS, CRITICALITIES, HOSTS, LATE,
+    MECHANISMS, PRECISIONS, ROLES, WHEN_FULL,
 };
 use super::{
-    PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength, Scenario, ServeSpec,
-    TimingSpec, WorkloadSpec,
+    CalibrationSkips, PartitionSpec, ProgramSpec, ProtectionSpec, Ramp, Rate, Role, RunLength,
+    Scenario, ServeSpec, TimingSpec, WorkloadSpec,
 };
 
 #[derive(Serialize)]
@@ -72,6 +72,8 @@ struct OutWorkload<'a> {
     calibration: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     calibration_method: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    calibration_skips: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rate_hz: Option<Rate>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +208,11 @@ fn out_workload(w: &WorkloadSpec) -> OutWorkload<'_> {
         // (`run --backend cpu` of a GPU scenario) stays a valid file.
         calibration: calibration.map(|c| c.dir.as_str()),
         calibration_method: calibration.map(|c| name_of(CALIBRATION_METHODS, c.method)),
+        // The default left out, so that a file written before the key existed is written
+        // back the same.
+        calibration_skips: calibration
+            .filter(|c| c.skips != CalibrationSkips::default())
+            .map(|c| name_of(CALIBRATION_SKIPS, c.skips)),
         // An interferer's rate and length follow from its ramp; writing them would
         // make the file invalid.
         rate_hz: (!interferer).then_some(w.rate),
