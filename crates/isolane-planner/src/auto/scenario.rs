@@ -7,7 +7,8 @@ use std::path::Path;
 use isolane_core::device_model::DeviceModel;
 use isolane_core::results::InterferenceIndex;
 use isolane_core::spec::{
-    Backend, Criticality, Host, Mechanism, PartitionSpec, Rate, Scenario, WorkloadSpec,
+    Backend, CalibrationSkips, Criticality, Host, Mechanism, PartitionSpec, Rate, Scenario,
+    WorkloadSpec,
 };
 
 use super::events::partition_words;
@@ -61,9 +62,20 @@ pub fn workload_ids(s: &Scenario) -> Vec<WorkloadId> {
             name: w.name.clone(),
             model: model_id(&w.model),
             batch: w.batch,
-            precision: format!("{:?}", w.precision).to_lowercase(),
+            precision: profile_precision(w),
         })
         .collect()
+}
+
+/// The precision as profiles key it: a calibrated model whose skips stay in floats
+/// (`calibration_skips = "float"`) runs another plan (a block's output stored in floats as
+/// well as bytes) than the default's, so it is measured apart.
+fn profile_precision(w: &WorkloadSpec) -> String {
+    let p = format!("{:?}", w.precision).to_lowercase();
+    match &w.calibration {
+        Some(c) if c.skips == CalibrationSkips::Float => format!("{p} float skips"),
+        _ => p,
+    }
 }
 
 /// The model as the cache knows it: an ONNX file by name and content hash (a re-exported

@@ -836,3 +836,26 @@ fn the_first_plan_holds_the_deadlines_to_the_predicted_stretch() {
     assert_eq!(sizes, [8, 8]);
     assert!(!said.any(Stream::Stderr, "predicted"));
 }
+
+/// A calibrated workload whose skips stay in floats runs another plan than the default's:
+/// its profiles are keyed apart; the default keeps the plain precision (caches stay valid).
+#[test]
+fn float_skips_are_profiled_apart() {
+    use isolane_core::spec::{CalibrationMethod, CalibrationSkips, CalibrationSpec, Precision};
+    let mut s = two_cameras();
+    for w in &mut s.workloads {
+        w.precision = Precision::Int8;
+    }
+    let calibration = |skips| {
+        Some(CalibrationSpec {
+            dir: "/cal".into(),
+            method: CalibrationMethod::Percentile,
+            skips,
+        })
+    };
+    s.workloads[0].calibration = calibration(CalibrationSkips::Quantized);
+    s.workloads[1].calibration = calibration(CalibrationSkips::Float);
+    let ids = workload_ids(&s);
+    assert_eq!(ids[0].precision, "int8");
+    assert_eq!(ids[1].precision, "int8 float skips");
+}
