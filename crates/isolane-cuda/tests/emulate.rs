@@ -2403,6 +2403,138 @@ fn a_quantized_skip_is_read_as_bytes_on_every_path() {
     }
 }
 
+/// Two bottleneck blocks as resnet's stages begin and go on (block A: 1×1 → 3×3 → 1×1 plus a
+/// downsample 1×1 as its skip; block B: the same with A's output as its skip), calibrated with
+/// the skips quantized: both skips are read as bytes, A's downsample and A's last 1×1 write bytes
+/// only (their readers are quantized GEMMs and a residual), and only the stem's input is
+/// fake-quantized. Every path, alone and mixed, computes what the CPU backend computes from
+/// the QDQ graph (int8 and fp8).
+#[test]
+fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    let batch = 2;
+    let mut g = Graph::new("bottlenecks");
+    let x = g.add_input(
+        "x",
+        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(8), Dim::Fixed(8)],
+    );
+    let mut seed = 500;
+    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * 0.25).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let conv = |k: usize, act| {
+        Op::Conv(ConvAttrs {
+            pads: [k / 2; 4],
+            activation: act,
+            ..Default::default()
+        })
+    };
+    let relu = Some(Unary::Relu);
+    let ws = w(&mut g, "ws", vec![16, 3, 3, 3]);
+    let stem = g.add_op("stem", conv(3, relu), &[x, ws]).unwrap();
+    // A block: 1×1 (C → 16), 3×3 (16 → 16), 1×1 (16 → 32), plus `skip`, ReLU (K and N
+    // multiples of 16, as fp8's GEMMs need).
+    let mut block = |g: &mut Graph, name: &str, x: usize, c: usize, skip: Option<usize>| {
+        let w1 = w(g, &format!("{name}.w1"), vec![16, c, 1, 1]);
+        let w2 = w(g, &format!("{name}.w2"), vec![16, 16, 3, 3]);
+        let w3 = w(g, &format!("{name}.w3"), vec![32, 16, 1, 1]);
+        let skip = match skip {
+            Some(s) => s,
+            None => {
+                let wd = w(g, &format!("{name}.wd"), vec![32, c, 1, 1]);
+                g.add_op(&format!("{name}.down"), conv(1, None), &[x, wd])
+                    .unwrap()
+            }
+        };
+        let h = g
+            .add_op(&format!("{name}.c1"), conv(1, relu), &[x, w1])
+            .unwrap();
+        let h = g
+            .add_op(&format!("{name}.c2"), conv(3, relu), &[h, w2])
+            .unwrap();
+        let h = g
+            .add_op(&format!("{name}.c3"), conv(1, None), &[h, w3])
+            .unwrap();
+        let h = g
+            .add_op(&format!("{name}.add"), Op::Binary(Binary::Add), &[h, skip])
+            .unwrap();
+        g.add_op(&format!("{name}.relu"), Op::Unary(Unary::Relu), &[h])
+            .unwrap()
+    };
+    let a = block(&mut g, "a", stem, 16, None);
+    let b = block(&mut g, "b", a, 32, Some(a));
+    let y = g.add_op("pool", Op::GlobalAveragePool, &[b]).unwrap();
+    g.add_output(y).unwrap();
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        let samples: Vec<Vec<Tensor>> = (0..3)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 8, 8], random(batch * 192, 520 + s)).unwrap()])
+            .collect();
+        let opts = CalibOptions {
+            qtype,
+            method: CalibMethod::MinMax,
+            ..Default::default()
+        };
+        let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+        let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
+        let step = |n: &str| {
+            p.steps
+                .iter()
+                .find_map(|s| match &s.kind {
+                    StepKind::QuantGemm(g) if s.name == n => Some(&**g),
+                    _ => None,
+                })
+                .unwrap_or_else(|| {
+                    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+                    panic!("{n} is no quantized GEMM: {names:?}")
+                })
+        };
+        let (down, a3, b1, b3) = (step("a.down"), step("a.c3"), step("b.c1"), step("b.c3"));
+        // A's skip is its downsample's output, B's is A's output: both bytes only.
+        assert!(down.y_scale.is_some() && down.y_copy.is_none(), "{down:?}");
+        assert!(a3.y_scale.is_some() && a3.y_copy.is_none(), "{a3:?}");
+        assert_eq!(
+            (a3.residual, a3.residual_scale),
+            (Some(down.y), down.y_scale)
+        );
+        assert!(b1.x_quantized && b1.x == a3.y, "{b1:?}");
+        assert_eq!((b3.residual, b3.residual_scale), (Some(a3.y), a3.y_scale));
+        // B's output goes to the pool in floats.
+        assert!(b3.y_scale.is_none());
+        let fake_quants = p
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
+            .count();
+        assert_eq!(fake_quants, 1, "only the stem's input: {:#?}", p.steps);
+        let mut cpu = CpuBackend::new(1)
+            .compile(&q, batch, Precision::Fp32)
+            .unwrap();
+        let x = random(cpu.input_mut().len(), 9);
+        cpu.input_mut().copy_from_slice(&x);
+        cpu.run().unwrap();
+        for pattern in [
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![3],
+            vec![5],
+            vec![3, 2, 0, 1],
+            vec![2, 3, 3],
+            vec![1, 5, 2],
+        ] {
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
+            let got = run(&p, &x);
+            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let err = rel_l2(&got, cpu.output());
+            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
+        }
+    }
+}
+
 /// Every candidate of the build's per-layer choice computes the graph: cuDNN's convolution of
 /// the quantized bytes (every convolution: x quantized whole into bytes of its own, a direct
 /// 1×1's into its GEMM rows, or its producer's bytes read in place; f32 sums, the same
