@@ -2446,23 +2446,23 @@ fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
             Some(s) => s,
             None => {
                 let wd = w(g, &format!("{name}.wd"), vec![32, c, 1, 1]);
-                g.add_op(&format!("{name}.down"), conv(1, None), &[x, wd])
+                g.add_op(format!("{name}.down"), conv(1, None), &[x, wd])
                     .unwrap()
             }
         };
         let h = g
-            .add_op(&format!("{name}.c1"), conv(1, relu), &[x, w1])
+            .add_op(format!("{name}.c1"), conv(1, relu), &[x, w1])
             .unwrap();
         let h = g
-            .add_op(&format!("{name}.c2"), conv(3, relu), &[h, w2])
+            .add_op(format!("{name}.c2"), conv(3, relu), &[h, w2])
             .unwrap();
         let h = g
-            .add_op(&format!("{name}.c3"), conv(1, None), &[h, w3])
+            .add_op(format!("{name}.c3"), conv(1, None), &[h, w3])
             .unwrap();
         let h = g
-            .add_op(&format!("{name}.add"), Op::Binary(Binary::Add), &[h, skip])
+            .add_op(format!("{name}.add"), Op::Binary(Binary::Add), &[h, skip])
             .unwrap();
-        g.add_op(&format!("{name}.relu"), Op::Unary(Unary::Relu), &[h])
+        g.add_op(format!("{name}.relu"), Op::Unary(Unary::Relu), &[h])
             .unwrap()
     };
     let a = block(&mut g, "a", stem, 16, None);
