@@ -179,16 +179,6 @@ impl CudaModel {
                         bytes as i32,
                     )
                 })?;
-                // Two of its blocks an SM need nearly all of the SM's shared memory: ask for
-                // the largest carveout rather than leave the split of L1 to the driver.
-                // SAFETY: as above.
-                cu_check("cuFuncSetAttribute", unsafe {
-                    cu::cuFuncSetAttribute(
-                        f,
-                        cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                        100,
-                    )
-                })?;
             }
             if *name == "attention" && arch.0 >= 8 {
                 // Its larger block shapes take more than the 48 KiB of dynamic shared memory
