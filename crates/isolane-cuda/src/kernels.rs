@@ -1015,6 +1015,10 @@ __device__ __forceinline__ float e4m3_value(unsigned char b) {
     if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));
     return __uint_as_float(sign | ((e - 7 + 127) << 23) | (m << 20));
 }
+// A quantized byte's value on its grid: int8, or e4m3fn when fp8.
+__device__ __forceinline__ float q8_value(unsigned char b, bool fp8) {
+    return fp8 ? e4m3_value(b) : (float)(signed char)b;
+}
 
 // y = q * s from quantized bytes (int8, or e4m3fn when fp8): the values the fake-quant kernel
 // gives for the same x with zero point 0, for a quantized product's float alternative reading
@@ -1022,7 +1026,7 @@ __device__ __forceinline__ float e4m3_value(unsigned char b) {
 extern "C" __global__ void dequantize_q8(const signed char* __restrict__ q, T* __restrict__ y, float s,
                                          long long n, int fp8) {
     GRID_STRIDE(i, n) {
-        float v = fp8 ? e4m3_value((unsigned char)q[i]) : (float)q[i];
+        float v = q8_value((unsigned char)q[i], fp8);
         st(y, i, __fmul_rn(v, s));
     }
 }
@@ -1071,7 +1075,7 @@ __device__ __forceinline__ float epi_math(float a, float sc, float b, bool has_r
 __device__ __forceinline__ float res_value(const void* res, long long i, float rs, int fp8) {
     if (rs == 0.f) return ld((const T*)res, i);
     unsigned char b = ((const unsigned char*)res)[i];
-    return __fmul_rn(fp8 ? e4m3_value(b) : (float)(signed char)b, rs);
+    return __fmul_rn(q8_value(b, fp8), rs);
 }
 template <int ACT>
 __device__ __forceinline__ float epi_value(float a, float sc, const T* __restrict__ bias, long long c, const void* res,
@@ -1482,7 +1486,7 @@ __device__ __forceinline__ void qgemm_out8(const int* a, int row, int col, int m
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             unsigned char b = (unsigned char)(((j < 4 ? rw.x : rw.y) >> (8 * (j & 3))) & 255u);
-            r[j] = __fmul_rn(F8 ? e4m3_value(b) : (float)(signed char)b, rs);
+            r[j] = __fmul_rn(q8_value(b, F8), rs);
         }
     } else {
         u2f2(rw.x, r[0], r[1]);
