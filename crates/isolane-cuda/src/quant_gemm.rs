@@ -1008,26 +1008,27 @@ fn float_launches(
 /// `dequantize_q8`: `n` bytes at `x` (int8, or e4m3 when `fp8`) times `s`, into `y` in the
 /// activation dtype.
 fn dequantize_launch(rec: &Recorder, x: Loc, y: Loc, s: f32, n: usize, fp8: bool) -> Launch {
-    Launch::Kernel {
-        func: rec.func("dequantize_q8"),
-        grid: elementwise_grid(n),
-        block: BLOCK,
-        shared: 0,
-        args: vec![
-            Arg::Ptr(rec.ptr(x)),
-            Arg::Ptr(rec.ptr(y)),
-            Arg::F32(s),
-            Arg::I64(n as i64),
-            Arg::I32(fp8 as i32),
-        ],
-    }
+    q8_launch(rec, "dequantize_q8", [x, y], s, n, fp8)
 }
 
 /// `quantize_q8`: `n` values at `x` (activation dtype) onto the grid of scale `s`, one byte
 /// each at `y`.
 fn quantize_launch(rec: &Recorder, x: Loc, y: Loc, s: f32, n: usize, fp8: bool) -> Launch {
+    q8_launch(rec, "quantize_q8", [x, y], s, n, fp8)
+}
+
+/// One of the two conversions between the activation dtype and bytes (they take the same
+/// arguments).
+fn q8_launch(
+    rec: &Recorder,
+    kernel: &str,
+    [x, y]: [Loc; 2],
+    s: f32,
+    n: usize,
+    fp8: bool,
+) -> Launch {
     Launch::Kernel {
-        func: rec.func("quantize_q8"),
+        func: rec.func(kernel),
         grid: elementwise_grid(n),
         block: BLOCK,
         shared: 0,
