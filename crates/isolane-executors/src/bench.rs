@@ -213,7 +213,7 @@ fn calibration_options(
     args: &BenchRequest,
     quantized: bool,
 ) -> Result<isolane_engine::calibrate::CalibOptions, BenchError> {
-    use isolane_engine::calibrate::{CalibMethod, CalibOptions};
+    use isolane_engine::calibrate::CalibOptions;
     if !quantized {
         let skips = args.calibration_skips.is_some();
         if args.calibration.is_some() || args.calibration_method.is_some() || skips {
@@ -230,16 +230,7 @@ fn calibration_options(
              of the model's input)",
         ));
     }
-    let method = match args.calibration_method.as_deref() {
-        None | Some("percentile") => CalibMethod::Percentile(99.99),
-        Some("entropy") => CalibMethod::Entropy,
-        Some("minmax") => CalibMethod::MinMax,
-        Some(m) => {
-            return Err(user(format!(
-                "--calibration-method {m}: expected percentile, entropy or minmax"
-            )))
-        }
-    };
+    let method = crate::engine::calib_method(args.calibration_method.as_deref()).map_err(user)?;
     Ok(CalibOptions {
         method,
         residual_skips: crate::engine::residual_skips(args.calibration_skips.as_deref())

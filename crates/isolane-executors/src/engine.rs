@@ -128,6 +128,18 @@ fn calib_options(
     }
 }
 
+/// `--calibration-method`'s value: percentile (the 99.99th) unless another is asked for; the
+/// message of a name that is none of them.
+pub(crate) fn calib_method(
+    flag: Option<&str>,
+) -> Result<isolane_engine::calibrate::CalibMethod, String> {
+    use isolane_engine::calibrate::CalibMethod;
+    let name = flag.unwrap_or("percentile");
+    CalibMethod::from_name(name).ok_or_else(|| {
+        format!("--calibration-method {name}: expected percentile, entropy or minmax")
+    })
+}
+
 /// `--calibration-skips`' value ([`isolane_engine::calibrate::CalibOptions::residual_skips`]):
 /// quantized unless `float` is asked for; the message of a value that is neither.
 pub(crate) fn residual_skips(flag: Option<&str>) -> Result<bool, String> {

@@ -134,7 +134,7 @@ fn parse_precision(
     ),
     InferError,
 > {
-    use isolane_engine::calibrate::{CalibMethod, CalibOptions};
+    use isolane_engine::calibrate::CalibOptions;
     use isolane_engine::quant::QuantType;
     let qtype = match args.precision.as_str() {
         "int8" => QuantType::Int8,
@@ -157,16 +157,7 @@ fn parse_precision(
             args.precision
         )));
     };
-    let method = match args.calibration_method.as_deref() {
-        None | Some("percentile") => CalibMethod::Percentile(99.99),
-        Some("entropy") => CalibMethod::Entropy,
-        Some("minmax") => CalibMethod::MinMax,
-        Some(m) => {
-            return Err(user(format!(
-                "--calibration-method {m}: expected percentile, entropy or minmax"
-            )))
-        }
-    };
+    let method = crate::engine::calib_method(args.calibration_method.as_deref()).map_err(user)?;
     let residual_skips =
         crate::engine::residual_skips(args.calibration_skips.as_deref()).map_err(user)?;
     let float = if args.backend == "cuda" {
