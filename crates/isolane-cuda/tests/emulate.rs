@@ -873,6 +873,15 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
+/// The plan's output for `x` with the quantized products' paths cycling through `pattern`
+/// (`QUANT_PATHS`), reset afterwards.
+fn run_paths(p: &Plan, x: &[f32], pattern: &[usize]) -> Vec<f32> {
+    QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.to_vec(), 0));
+    let got = run(p, x);
+    QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+    got
+}
+
 fn storage_id(l: Loc) -> usize {
     match l {
         Loc::Storage { id, .. } => id,
@@ -2389,9 +2398,7 @@ fn a_quantized_skip_is_read_as_bytes_on_every_path() {
                 vec![3, 3, 3],
                 vec![5, 5, 2, 1],
             ] {
-                QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-                let got = run(&p, &x);
-                QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+                let got = run_paths(&p, &x, &pattern);
                 let err = rel_l2(&got, cpu.output());
                 // The graph's division of its constants by the skip's scale rounds in f32.
                 assert!(
@@ -2526,9 +2533,7 @@ fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
             vec![2, 3, 3],
             vec![1, 5, 2],
         ] {
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-            let got = run(&p, &x);
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let got = run_paths(&p, &x, &pattern);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
         }
@@ -2623,9 +2628,7 @@ fn every_quantized_layer_choice_computes_the_graph() {
                 vec![0, 3, 2],
                 vec![5, 5, 2, 1],
             ] {
-                QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-                let got = run(&p, &x);
-                QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+                let got = run_paths(&p, &x, &pattern);
                 let err = rel_l2(&got, cpu.output());
                 assert!(
                     err < 1e-5,
@@ -2686,9 +2689,7 @@ fn a_relu6_convolution_takes_the_quantized_graph() {
         cpu.input_mut().copy_from_slice(&x);
         cpu.run().unwrap();
         for pattern in [vec![3], vec![0, 3, 3], vec![2, 3, 0]] {
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-            let got = run(&p, &x);
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let got = run_paths(&p, &x, &pattern);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
         }
@@ -2807,9 +2808,7 @@ fn a_block_output_is_quantized_once_by_its_producer() {
             vec![0, 2, 3],
             vec![3, 1, 2],
         ] {
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-            let got = run(&p, &x);
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let got = run_paths(&p, &x, &pattern);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
         }
@@ -2884,9 +2883,7 @@ fn a_convolution_of_floats_takes_every_candidate() {
         cpu.input_mut().copy_from_slice(&x);
         cpu.run().unwrap();
         for path in [0, 1, 2, 3, 5] {
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![path], 0));
-            let got = run(&p, &x);
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let got = run_paths(&p, &x, &[path]);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} {pads:?} path {path}: rel L2 {err:e}");
         }
@@ -2930,9 +2927,7 @@ fn a_plain_float_layer_reads_its_input_unquantized() {
                 .unwrap();
             cpu.input_mut().copy_from_slice(&x);
             cpu.run().unwrap();
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-            let got = run(&p, &x);
-            QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+            let got = run_paths(&p, &x, &pattern);
             let err = rel_l2(&got, cpu.output());
             assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
             // And it is not the QDQ graph's arithmetic.
@@ -2995,9 +2990,7 @@ fn a_calibrated_models_float_steps_run_plain_by_default() {
         assert!(plain.len() >= 2, "{plain:?}");
         let x = random(batch * 3 * 12 * 12, 6);
         QUANT_OPTIONS.with(|o| o.set(Some(options)));
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![2], 0));
-        let got = run(&p, &x);
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        let got = run_paths(&p, &x, &[2]);
         QUANT_OPTIONS.with(|o| o.set(None));
         let want = cpu_output(&without_fake_quant_before(&q, &plain), batch, &x);
         let err = rel_l2(&got, &want);
@@ -3033,9 +3026,7 @@ fn a_qdq_files_float_steps_keep_their_fake_quant() {
     let qdq = cpu_output(&q, batch, &x);
     let float_steps = |options: Option<isolane_cuda::BuildOptions>| {
         QUANT_OPTIONS.with(|o| o.set(options));
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (vec![2], 0));
-        let got = run(&p, &x);
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        let got = run_paths(&p, &x, &[2]);
         QUANT_OPTIONS.with(|o| o.set(None));
         rel_l2(&got, &qdq)
     };
@@ -3115,9 +3106,7 @@ fn one_quantized_activation_read_by_two_gemms_is_quantized_once() {
     cpu.input_mut().copy_from_slice(&x);
     cpu.run().unwrap();
     for pattern in [vec![0], vec![2, 0], vec![2]] {
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (pattern.clone(), 0));
-        let got = run(&p, &x);
-        QUANT_PATHS.with(|c| *c.borrow_mut() = (Vec::new(), 0));
+        let got = run_paths(&p, &x, &pattern);
         let err = rel_l2(&got, cpu.output());
         assert!(err < 1e-5, "paths {pattern:?}: rel L2 {err:e}");
     }
