@@ -867,6 +867,13 @@ mod tests {
             .collect()
     }
 
+    /// A constant of `shape`, uniform in [-s, s) from `seed`.
+    fn constant(g: &mut Graph, name: &str, shape: Vec<usize>, seed: u64, s: f32) -> ValueId {
+        let n = shape.iter().product();
+        let d = rand(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    }
+
     /// Conv → ReLU → Conv → ReLU → global pool → Linear: 10 classes.
     fn tiny_cnn() -> Graph {
         let mut g = Graph::new("tiny");
@@ -874,11 +881,7 @@ mod tests {
             "x",
             vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(10), Dim::Fixed(10)],
         );
-        let c = |g: &mut Graph, name: &str, shape: Vec<usize>, seed, s: f32| {
-            let n = shape.iter().product();
-            let d = rand(n, seed).into_iter().map(|v| v * s).collect();
-            g.add_constant(name, Tensor::new(shape, d).unwrap())
-        };
+        let c = constant;
         let w1 = c(&mut g, "w1", vec![8, 3, 3, 3], 1, 0.4);
         let b1 = c(&mut g, "b1", vec![8], 2, 0.1);
         let w2 = c(&mut g, "w2", vec![16, 8, 3, 3], 3, 0.2);
@@ -909,11 +912,7 @@ mod tests {
             "x",
             vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(10), Dim::Fixed(10)],
         );
-        let c = |g: &mut Graph, name: &str, shape: Vec<usize>, seed, s: f32| {
-            let n = shape.iter().product();
-            let d = rand(n, seed).into_iter().map(|v| v * s).collect();
-            g.add_constant(name, Tensor::new(shape, d).unwrap())
-        };
+        let c = constant;
         let (w1, b1) = (
             c(&mut g, "w1", vec![8, 3, 3, 3], 1, 0.4),
             c(&mut g, "b1", vec![8], 2, 0.1),
