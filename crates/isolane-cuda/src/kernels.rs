@@ -126,16 +126,30 @@ pub const fn attn_shared_bytes(key_groups: usize) -> usize {
 pub const QGEMM_SHARED_BYTES: usize = 3 * (128 + 128) * 144;
 /// Outputs a `qgemm_*` block computes along M and along N.
 pub const QGEMM_TILE: usize = 128;
-/// Dynamic shared memory of `qgemm_i8_wg`: 3 stages of 128 + 128 rows of 128 bytes in 128-byte
-/// swizzle atoms, and 1,024 bytes to align the first atom (wgmma's descriptors want 1,024).
-pub const QGEMM_WG_SHARED_BYTES: usize = 3 * (128 + 128) * 128 + 1024;
+/// Rows of the output a `qgemm_i8_wg` block computes (one warpgroup's `wgmma.m64n128k32`); its
+/// columns are [`QGEMM_TILE`].
+pub const QGEMM_WG_ROWS: usize = 64;
+/// Threads of a `qgemm_i8_wg` block: one warpgroup.
+pub const QGEMM_WG_THREADS: u32 = 128;
+/// Bytes of one `qgemm_i8_wg` stage: a K tile of 128 bytes of 64 rows of xq and 128 rows of w.
+const QGEMM_WG_STAGE_BYTES: usize = (64 + 128) * 128;
+/// Dynamic shared memory of a `qgemm_i8_wg` launch: 1,024 bytes to align the first swizzle atom
+/// (wgmma's descriptors want 1,024), one stage a K tile up to two, the tile's scale and bias
+/// (128 f32 each), and the residual's 64 × 128 tile of `res_bytes` bytes an element (0: none).
+/// One K tile (K ≤ 128: most 1×1 layers) takes 42 KiB with a residual of 2-byte floats, so four
+/// blocks share an SM.
+pub const fn qgemm_wg_shared_bytes(k: usize, res_bytes: usize) -> usize {
+    let stages = if k > 128 { 2 } else { 1 };
+    1024 + stages * QGEMM_WG_STAGE_BYTES + 1024 + QGEMM_WG_ROWS * QGEMM_TILE * res_bytes
+}
+/// The most a `qgemm_i8_wg` launch asks for (set on the kernel at load).
+pub const QGEMM_WG_SHARED_BYTES: usize = qgemm_wg_shared_bytes(usize::MAX, 2);
 
 /// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is
 /// built for `sm_90a` on compute capability 9.0, `model::nvrtc::kernel_cubin`): the same
-/// product and epilogue as `qgemm_i8`, its sums by `wgmma.mma_async` (two warpgroups of 64 rows ×
-/// 128 columns, A and B read from shared memory through descriptors) instead of `mma.sync`,
-/// which on Hopper runs at a fraction of `wgmma`'s rate (session 31: `qgemm_i8` was 1.6–13×
-/// slower than cuDNN's int8 engines, which use `wgmma`).
+/// product and bytes as `qgemm_i8`, its sums by `wgmma.mma_async` (A and B read from shared
+/// memory through descriptors) instead of `mma.sync`, which on Hopper runs at a fraction of
+/// `wgmma`'s rate.
 fn qgemm_wgmma_source() -> String {
     let regs: Vec<String> = (0..64).map(|i| format!("%{i}")).collect();
     let outs: Vec<String> = (0..64).map(|i| format!("\"+r\"(d[{i}])")).collect();
@@ -145,15 +159,23 @@ fn qgemm_wgmma_source() -> String {
 }
 
 const QGEMM_WG: &str = r#"
-// qgemm_i8 on Hopper's wgmma (sm_90a). Block: 256 threads = 2 warpgroups, 128 x 128 outputs,
-// warpgroup g the rows 64g .. 64g + 63 by wgmma.m64n128k32 (s8 x s8 -> exact s32, the same sums
-// as the other paths). K in tiles of 128 bytes, three stages by cp.async into 128-byte swizzle
-// atoms (8 rows x 128 bytes; the 16-byte chunk c of row r at c ^ (r % 8)), the layout the
-// K-major descriptors name (swizzle mode 1, 1,024 bytes between 8-row groups); a tile's four
-// k-steps of 32 bytes advance the descriptors' start by 32 bytes. Each thread's cp.async writes
-// are made visible to wgmma (the async proxy) by fence.proxy.async before the block barrier.
-// The sums then go through shared memory to qgemm_epilogue, as qgemm_i8's do.
+// qgemm_i8 on Hopper's wgmma (sm_90a). Block: one warpgroup (128 threads), 64 x 128 outputs by
+// wgmma.m64n128k32 (s8 x s8 -> exact s32, the same sums as the other paths). K in tiles of 128
+// bytes by cp.async into 128-byte swizzle atoms (8 rows x 128 bytes; the 16-byte chunk c of row
+// r at c ^ (r % 8)), the layout the K-major descriptors name (swizzle mode 1, 1,024 bytes
+// between 8-row groups); a tile's four k-steps of 32 bytes advance the descriptors' start by 32
+// bytes. Two stages where K has more than one tile, else one. Each thread's cp.async writes are
+// made visible to wgmma (the async proxy) by fence.proxy.async before the block barrier.
+// Session 32's form (two warpgroups, 128 x 128, its int32 sums through 64 KiB of shared memory
+// to qgemm_epilogue) was latency-bound in its epilogue (ncu: 25 % occupancy, ~40 instructions
+// an output, an IEEE division among them). This one:
+// - fetches the residual's tile with the first K tile, so that it is in flight with the sums;
+// - computes the epilogue on the accumulator fragments in registers; only bytes go through
+//   shared memory, for 8-byte stores;
+// - makes a byte by a multiply with 1 / ys, dividing only near a tie (wg_byte: the same byte);
+// - needs 42 KiB (one K tile, a 2-byte residual): four blocks an SM.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_STAGE ((64 + 128) * 128)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
@@ -162,20 +184,55 @@ __device__ __forceinline__ void wg_mma(int* d, unsigned long long da, unsigned l
                  : __WG_OUTS__
                  : "l"(da), "l"(db));
 }
+__device__ __forceinline__ void cp_async8(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+// One K tile from k0: 64 rows of xq at sa, 128 rows of w after them; rows past M or N and
+// chunks past K are zeros. Always one cp.async group (empty past the last tile).
 __device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                                unsigned sa, int m0, int n0, int k0, int m, int n, int k, bool any) {
     if (any) {
-        unsigned sb = sa + 128 * 128;
+        unsigned sb = sa + 64 * 128;
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-            int chunk = threadIdx.x + h * 256, r = chunk >> 3, c = chunk & 7, kc = k0 + c * 16;
+        for (int h = 0; h < 12; ++h) {
+            int chunk = threadIdx.x + h * 128;
+            bool is_a = h < 4;
+            int r = (is_a ? chunk : chunk - 512) >> 3, c = chunk & 7, kc = k0 + c * 16;
             unsigned off = r * 128 + ((c ^ (r & 7)) << 4);
-            bool ain = kc < k && m0 + r < m, bin = kc < k && n0 + r < n;
-            cp_async16(sa + off, ain ? (const void*)(xq + ((long long)(m0 + r) * k + kc)) : (const void*)xq, ain ? 16 : 0);
-            cp_async16(sb + off, bin ? (const void*)(w + ((long long)(n0 + r) * k + kc)) : (const void*)w, bin ? 16 : 0);
+            if (is_a) {
+                bool in = kc < k && m0 + r < m;
+                cp_async16(sa + off, in ? (const void*)(xq + ((long long)(m0 + r) * k + kc)) : (const void*)xq, in ? 16 : 0);
+            } else {
+                bool in = kc < k && n0 + r < n;
+                cp_async16(sb + off, in ? (const void*)(w + ((long long)(n0 + r) * k + kc)) : (const void*)w, in ? 16 : 0);
+            }
         }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// The residual's 64 x 128 tile into rsm, rows of 128 elements of eb bytes (1: bytes, 2: T), 8
+// columns a copy (n and the tile's columns are multiples of 8, so a copy is whole and aligned).
+__device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm, int m0, int n0, int m, int n, int eb) {
+#pragma unroll
+    for (int h = 0; h < 8; ++h) {
+        int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
+        bool in = m0 + r < m && n0 + c < n;
+        long long at = ((long long)(m0 + r) * n + n0 + c) * eb;
+        const void* src = in ? (const void*)((const unsigned char*)res + at) : res;
+        if (eb == 1) cp_async8(rsm + r * 128 + c, src, in ? 8 : 0);
+        else cp_async16(rsm + (r * 128 + c) * 2, src, in ? 16 : 0);
+    }
+}
+// epi_byte<1>'s byte of v (v stored in T, divided by ys, rounded, saturated) by a multiply with
+// inv = 1 / ys. The product is within 2^-23 of the quotient relatively, so within 2^-15 where
+// |q| < 256 (beyond, both saturate alike): its rounding can differ from the quotient's only
+// within 2^-14 of a half, where the division decides.
+__device__ __forceinline__ unsigned wg_byte(float v, float ys, float inv) {
+    T t; st(&t, 0, v);
+    float x = ld(&t, 0), a = __fmul_rn(x, inv), q = rintf(a);
+    if (fabsf(a - q) > 0.5f - 0x1p-14f) q = rintf(__fdiv_rn(x, ys));
+    if (q != q) return 0u;
+    return (unsigned)(signed char)fminf(fmaxf(q, -128.f), 127.f) & 255u;
 }
 template <int ACT>
 __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
@@ -183,47 +240,92 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
                                               const T* res, signed char* ycopy, int m, int n, int k, int ak,
                                               float p0, float p1, float ys, int yq, float cs, float rs) {
     extern __shared__ __align__(16) signed char qsm[];
-    const unsigned stage_bytes = 2 * 128 * 128;
     unsigned raw = (unsigned)__cvta_generic_to_shared(qsm);
     unsigned base = (raw + 1023u) & ~1023u;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
-    int ntiles = (n + QBN - 1) / QBN;
-    int m0 = (int)(blockIdx.x / ntiles) * QBM, n0 = (int)(blockIdx.x % ntiles) * QBN;
+    int ntiles = (n + 127) / 128;
+    int m0 = (int)(blockIdx.x / ntiles) * 64, n0 = (int)(blockIdx.x % ntiles) * 128;
+    int ktiles = (k + 127) / 128, stages = ktiles > 1 ? 2 : 1;
+    unsigned ssm = base + stages * WG_STAGE, rsm = ssm + 1024;
+    float* sv = (float*)(qsm + (ssm - raw));
+    int eb = rs != 0.f ? 1 : 2;
+    // The tile's scale and bias (visible after the first barrier), the residual's tile in the
+    // first K tile's group.
+    {
+        int c = n0 + threadIdx.x;
+        sv[threadIdx.x] = c < n ? scale[c] : 0.f;
+        sv[128 + threadIdx.x] = bias && c < n ? ld(bias, c) : 0.f;
+    }
+    if (res) qgemm_wg_residual(res, rsm, m0, n0, m, n, eb);
+    qgemm_wg_stage(xq, w, base, m0, n0, 0, m, n, k, true);
     int d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0;
-    int ktiles = (k + QBK - 1) / QBK;
-#pragma unroll
-    for (int s = 0; s < QSTAGES - 1; ++s) qgemm_wg_stage(xq, w, base + s * stage_bytes, m0, n0, s * QBK, m, n, k, s < ktiles);
     for (int kt = 0; kt < ktiles; ++kt) {
-        asm volatile("cp.async.wait_group %0;" :: "n"(QSTAGES - 2) : "memory");
+        // The next tile into the other stage (its last reader, tile kt - 1, is done: the barrier
+        // at the end of the last iteration), then wait for tile kt.
+        int next = kt + 1;
+        qgemm_wg_stage(xq, w, base + (next & 1) * WG_STAGE, m0, n0, next * 128, m, n, k, stages > 1 && next < ktiles);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        int next = kt + QSTAGES - 1;
-        qgemm_wg_stage(xq, w, base + (next % QSTAGES) * stage_bytes, m0, n0, next * QBK, m, n, k, next < ktiles);
-        unsigned a = base + (kt % QSTAGES) * stage_bytes + wg * 64 * 128, b = base + (kt % QSTAGES) * stage_bytes + 128 * 128;
+        unsigned a = base + (stages > 1 ? (kt & 1) : 0) * WG_STAGE, b = a + 64 * 128;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wg_mma(d, wg_desc(a + kk * 32), wg_desc(b + kk * 32));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        __syncthreads();
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
-    // The sums through shared memory: warp w of warpgroup g holds rows 64g + 16(w % 4) + lane / 4
-    // (+ 8), columns 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3], as mma's C fragments.
-    int* ws = (int*)(qsm + (base - raw));
-    int g = lane >> 2, t4 = lane & 3, r0 = wg * 64 + (warp & 3) * 16 + g;
+    // The epilogue on the fragments: warp w holds rows 16w + lane / 4 (+ 8), columns
+    // 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3]. y's and the copy's bytes go to the first stage
+    // (free now), 64 x 128 each; a y of T is stored from here, two values a store.
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    unsigned char* yb = (unsigned char*)(qsm + (base - raw));
+    unsigned char* cb = yb + 64 * 128;
+    const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw));
+    float yinv = 1.f / ys, cinv = 1.f / cs;
+    bool has_r = res != nullptr;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        *(int2*)(ws + r0 * QELD + j * 8 + t4 * 2) = make_int2(d[4 * j], d[4 * j + 1]);
-        *(int2*)(ws + (r0 + 8) * QELD + j * 8 + t4 * 2) = make_int2(d[4 * j + 2], d[4 * j + 3]);
+        int cl = 8 * j + 2 * t4, col = n0 + cl;
+        float2 sc = *(const float2*)(sv + cl), bi = *(const float2*)(sv + 128 + cl);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int rl = 16 * warp + g + 8 * h, row = m0 + rl;
+            float r0 = 0.f, r1 = 0.f;
+            if (has_r) {
+                if (eb == 1) {
+                    unsigned short b2 = *(const unsigned short*)(rb + rl * 128 + cl);
+                    r0 = __fmul_rn((float)(signed char)(b2 & 255), rs);
+                    r1 = __fmul_rn((float)(signed char)(b2 >> 8), rs);
+                } else {
+                    u2f2(*(const unsigned*)(rb + (rl * 128 + cl) * 2), r0, r1);
+                }
+            }
+            float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0, ak, p0, p1);
+            float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1, ak, p0, p1);
+            if (yq == 0) {
+                if (row < m && col < n) st2((T*)y, (long long)row * n + col, v0, v1);
+            } else {
+                *(unsigned short*)(yb + rl * 128 + cl) = (unsigned short)(wg_byte(v0, ys, yinv) | (wg_byte(v1, ys, yinv) << 8));
+            }
+            if (ycopy) *(unsigned short*)(cb + rl * 128 + cl) = (unsigned short)(wg_byte(v0, cs, cinv) | (wg_byte(v1, cs, cinv) << 8));
+        }
     }
+    if (yq == 0 && !ycopy) return;
     __syncthreads();
-    qgemm_epilogue<false, ACT>(ws, m0, n0, m, n, scale, bias, res, y, ycopy, ak, p0, p1, ys, yq, cs, rs);
+#pragma unroll
+    for (int h = 0; h < 8; ++h) {
+        int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
+        if (m0 + r >= m || n0 + c >= n) continue;
+        long long at = (long long)(m0 + r) * n + n0 + c;
+        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(yb + r * 128 + c);
+        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(cb + r * 128 + c);
+    }
 }
 #endif
-extern "C" __global__ void __launch_bounds__(256, 1) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(128, 4) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

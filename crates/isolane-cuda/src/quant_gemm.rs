@@ -1193,15 +1193,17 @@ pub(crate) fn own_gemm_refusal(
             q.k, q.n
         ));
     }
-    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || own_tiles(q) > u32::MAX as usize {
+    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize)
+        || own_tiles(q, kernels::QGEMM_WG_ROWS) > u32::MAX as usize
+    {
         return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
     }
     None
 }
 
-/// The own kernel's blocks for `q`: one per 128 × 128 tile of the output.
-fn own_tiles(q: &QuantGemmStep) -> usize {
-    q.m.div_ceil(kernels::QGEMM_TILE) * q.n.div_ceil(kernels::QGEMM_TILE)
+/// The own kernel's blocks for `q`: one per `rows` × 128 tile of the output.
+fn own_tiles(q: &QuantGemmStep, rows: usize) -> usize {
+    q.m.div_ceil(rows) * q.n.div_ceil(kernels::QGEMM_TILE)
 }
 
 /// The own kernel in place of the last two launches (the GEMM, the epilogue) of a GEMM path
@@ -1210,10 +1212,30 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
     let int8 = q.qtype == QuantType::Int8;
     // Hopper (its module built for sm_90a where the own path is forced: model/build.rs) runs
     // the int8 sums on wgmma.
-    let (func, shared) = match (int8, rec.arch) {
-        (true, (9, 0)) => ("qgemm_i8_wg", kernels::QGEMM_WG_SHARED_BYTES),
-        (true, _) => ("qgemm_i8", kernels::QGEMM_SHARED_BYTES),
-        (false, _) => ("qgemm_f8", kernels::QGEMM_SHARED_BYTES),
+    let residual_bytes = match (q.residual, q.residual_scale) {
+        (None, _) => 0,
+        (Some(_), Some(_)) => 1,
+        (Some(_), None) => 2,
+    };
+    let (func, shared, rows, block) = match (int8, rec.arch) {
+        (true, (9, 0)) => (
+            "qgemm_i8_wg",
+            kernels::qgemm_wg_shared_bytes(q.k, residual_bytes),
+            kernels::QGEMM_WG_ROWS,
+            kernels::QGEMM_WG_THREADS,
+        ),
+        (true, _) => (
+            "qgemm_i8",
+            kernels::QGEMM_SHARED_BYTES,
+            kernels::QGEMM_TILE,
+            BLOCK,
+        ),
+        (false, _) => (
+            "qgemm_f8",
+            kernels::QGEMM_SHARED_BYTES,
+            kernels::QGEMM_TILE,
+            BLOCK,
+        ),
     };
     let half_module = rec.half_names.contains(&func);
     if let Some(why) = own_gemm_refusal(q, (rec.arch, rec.smem_optin), half_module) {
@@ -1253,8 +1275,8 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
     let mut l = rows_path[..tail].to_vec();
     l.push(Launch::Kernel {
         func: rec.func(func),
-        grid: own_tiles(q) as u32,
-        block: BLOCK,
+        grid: own_tiles(q, rows) as u32,
+        block,
         shared: shared as u32,
         args: vec![
             Arg::Ptr(xq),
