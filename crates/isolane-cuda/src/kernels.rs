@@ -135,12 +135,13 @@ pub const QGEMM_WG_THREADS: u32 = 128;
 const QGEMM_WG_STAGE_BYTES: usize = (64 + 128) * 128;
 /// Dynamic shared memory of a `qgemm_i8_wg` launch: 1,024 bytes to align the first swizzle atom
 /// (wgmma's descriptors want 1,024), one stage a K tile up to two, the tile's scale and bias
-/// (128 f32 each), and the residual's 64 × 128 tile of `res_bytes` bytes an element (0: none).
-/// One K tile (K ≤ 128: most 1×1 layers) takes 42 KiB with a residual of 2-byte floats, so four
+/// (128 f32 each), and the residual's 64 rows of 128 elements of `res_bytes` bytes (0: none),
+/// each row padded by 8 elements so that the fragments' reads of 8 rows hit distinct banks.
+/// One K tile (K ≤ 128: most 1×1 layers) takes 43 KiB with a residual of 2-byte floats, so four
 /// blocks share an SM.
 pub const fn qgemm_wg_shared_bytes(k: usize, res_bytes: usize) -> usize {
     let stages = if k > 128 { 2 } else { 1 };
-    1024 + stages * QGEMM_WG_STAGE_BYTES + 1024 + QGEMM_WG_ROWS * QGEMM_TILE * res_bytes
+    1024 + stages * QGEMM_WG_STAGE_BYTES + 1024 + QGEMM_WG_ROWS * (QGEMM_TILE + 8) * res_bytes
 }
 /// The most a `qgemm_i8_wg` launch asks for (set on the kernel at load).
 pub const QGEMM_WG_SHARED_BYTES: usize = qgemm_wg_shared_bytes(usize::MAX, 2);
@@ -173,9 +174,11 @@ const QGEMM_WG: &str = r#"
 // - computes the epilogue on the accumulator fragments in registers; only bytes go through
 //   shared memory, for 8-byte stores;
 // - makes a byte by a multiply with 1 / ys, dividing only near a tie (wg_byte: the same byte);
-// - needs 42 KiB (one K tile, a 2-byte residual): four blocks an SM.
+// - needs 43 KiB (one K tile, a 2-byte residual): four blocks an SM;
+// - pads the rows it reads or writes 8 at once (WG_LD), so that they hit distinct banks.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_STAGE ((64 + 128) * 128)
+#define WG_LD (128 + 8)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
@@ -210,8 +213,9 @@ __device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ x
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-// The residual's 64 x 128 tile into rsm, rows of 128 elements of eb bytes (1: bytes, 2: T), 8
+// The residual's 64 x 128 tile into rsm, rows of WG_LD elements of eb bytes (1: bytes, 2: T), 8
 // columns a copy (n and the tile's columns are multiples of 8, so a copy is whole and aligned).
+// Rows of 128 + 8 elements: the fragments read 8 rows at once, and 128 would put them in one bank.
 __device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm, int m0, int n0, int m, int n, int eb) {
 #pragma unroll
     for (int h = 0; h < 8; ++h) {
@@ -219,8 +223,8 @@ __device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm,
         bool in = m0 + r < m && n0 + c < n;
         long long at = ((long long)(m0 + r) * n + n0 + c) * eb;
         const void* src = in ? (const void*)((const unsigned char*)res + at) : res;
-        if (eb == 1) cp_async8(rsm + r * 128 + c, src, in ? 8 : 0);
-        else cp_async16(rsm + (r * 128 + c) * 2, src, in ? 16 : 0);
+        if (eb == 1) cp_async8(rsm + r * WG_LD + c, src, in ? 8 : 0);
+        else cp_async16(rsm + (r * WG_LD + c) * 2, src, in ? 16 : 0);
     }
 }
 // epi_byte<1>'s byte of v (v stored in T, divided by ys, rounded, saturated) by a multiply with
@@ -279,15 +283,17 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     // The epilogue on the fragments: warp w holds rows 16w + lane / 4 (+ 8), columns
     // 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3]. y's and the copy's bytes go to the first stage
-    // (free now), 64 x 128 each; a y of T is stored from here, two values a store.
+    // (free now), 64 rows of WG_LD each; a y of T is stored from here, two values a store.
+    // Columns past N are skipped (a uniform branch: N = 64 leaves half the tile empty).
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     unsigned char* yb = (unsigned char*)(qsm + (base - raw));
-    unsigned char* cb = yb + 64 * 128;
+    unsigned char* cb = yb + 64 * WG_LD;
     const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw));
     float yinv = 1.f / ys, cinv = 1.f / cs;
     bool has_r = res != nullptr;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
+        if (8 * j >= n - n0) break;
         int cl = 8 * j + 2 * t4, col = n0 + cl;
         float2 sc = *(const float2*)(sv + cl), bi = *(const float2*)(sv + 128 + cl);
 #pragma unroll
@@ -296,11 +302,11 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
             float r0 = 0.f, r1 = 0.f;
             if (has_r) {
                 if (eb == 1) {
-                    unsigned short b2 = *(const unsigned short*)(rb + rl * 128 + cl);
+                    unsigned short b2 = *(const unsigned short*)(rb + rl * WG_LD + cl);
                     r0 = __fmul_rn((float)(signed char)(b2 & 255), rs);
                     r1 = __fmul_rn((float)(signed char)(b2 >> 8), rs);
                 } else {
-                    u2f2(*(const unsigned*)(rb + (rl * 128 + cl) * 2), r0, r1);
+                    u2f2(*(const unsigned*)(rb + (rl * WG_LD + cl) * 2), r0, r1);
                 }
             }
             float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0, ak, p0, p1);
@@ -308,9 +314,9 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
             if (yq == 0) {
                 if (row < m && col < n) st2((T*)y, (long long)row * n + col, v0, v1);
             } else {
-                *(unsigned short*)(yb + rl * 128 + cl) = (unsigned short)(wg_byte(v0, ys, yinv) | (wg_byte(v1, ys, yinv) << 8));
+                *(unsigned short*)(yb + rl * WG_LD + cl) = (unsigned short)(wg_byte(v0, ys, yinv) | (wg_byte(v1, ys, yinv) << 8));
             }
-            if (ycopy) *(unsigned short*)(cb + rl * 128 + cl) = (unsigned short)(wg_byte(v0, cs, cinv) | (wg_byte(v1, cs, cinv) << 8));
+            if (ycopy) *(unsigned short*)(cb + rl * WG_LD + cl) = (unsigned short)(wg_byte(v0, cs, cinv) | (wg_byte(v1, cs, cinv) << 8));
         }
     }
     if (yq == 0 && !ycopy) return;
@@ -320,8 +326,8 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
         int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
         if (m0 + r >= m || n0 + c >= n) continue;
         long long at = (long long)(m0 + r) * n + n0 + c;
-        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(yb + r * 128 + c);
-        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(cb + r * 128 + c);
+        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(yb + r * WG_LD + c);
+        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(cb + r * WG_LD + c);
     }
 }
 #endif
