@@ -173,7 +173,7 @@ const QGEMM_WG: &str = r#"
 // - fetches the residual's tile with the first K tile, so that it is in flight with the sums;
 // - computes the epilogue on the accumulator fragments in registers; only bytes go through
 //   shared memory, for 8-byte stores;
-// - makes a byte by a multiply with 1 / ys, dividing only near a tie (wg_byte: the same byte);
+// - makes a byte by a multiply with 1 / ys, dividing only near a tie (wg_bytes2: the same byte);
 // - needs 43 KiB (one K tile, a 2-byte residual): four blocks an SM;
 // - pads the rows it reads or writes 8 at once (WG_LD), so that they hit distinct banks.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -227,16 +227,24 @@ __device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm,
         else cp_async16(rsm + (r * WG_LD + c) * 2, src, in ? 16 : 0);
     }
 }
-// epi_byte<1>'s byte of v (v stored in T, divided by ys, rounded, saturated) by a multiply with
-// inv = 1 / ys. The product is within 2^-23 of the quotient relatively, so within 2^-15 where
-// |q| < 256 (beyond, both saturate alike): its rounding can differ from the quotient's only
-// within 2^-14 of a half, where the division decides.
-__device__ __forceinline__ unsigned wg_byte(float v, float ys, float inv) {
-    T t; st(&t, 0, v);
-    float x = ld(&t, 0), a = __fmul_rn(x, inv), q = rintf(a);
-    if (fabsf(a - q) > 0.5f - 0x1p-14f) q = rintf(__fdiv_rn(x, ys));
-    if (q != q) return 0u;
-    return (unsigned)(signed char)fminf(fmaxf(q, -128.f), 127.f) & 255u;
+// epi_byte<1>'s bytes of v0, v1 (each stored in T, divided by ys, rounded, saturated) by a
+// multiply with inv = 1 / ys, packed little-endian. A product is within 2^-23 of the quotient
+// relatively, so within 2^-15 where |q| < 256 (beyond, both saturate alike): its rounding can
+// differ from the quotient's only within 2^-14 of a half, where the division decides. The
+// division is out of line: inlined at each of a thread's 32 pairs, its code made the kernel's
+// larger than the instruction cache.
+__device__ __forceinline__ unsigned wg_sat8(float q) {
+    return q != q ? 0u : (unsigned)(int)fminf(fmaxf(q, -128.f), 127.f) & 255u;
+}
+__device__ __noinline__ unsigned wg_divided_bytes2(float x0, float x1, float ys) {
+    return wg_sat8(rintf(__fdiv_rn(x0, ys))) | (wg_sat8(rintf(__fdiv_rn(x1, ys))) << 8);
+}
+__device__ __forceinline__ unsigned wg_bytes2(float v0, float v1, float ys, float inv) {
+    float x0, x1;
+    u2f2(f2u2(v0, v1), x0, x1);
+    float a0 = __fmul_rn(x0, inv), a1 = __fmul_rn(x1, inv), q0 = rintf(a0), q1 = rintf(a1);
+    if (fmaxf(fabsf(a0 - q0), fabsf(a1 - q1)) > 0.5f - 0x1p-14f) return wg_divided_bytes2(x0, x1, ys);
+    return wg_sat8(q0) | (wg_sat8(q1) << 8);
 }
 template <int ACT>
 __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
@@ -252,15 +260,15 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     unsigned ssm = base + stages * WG_STAGE, rsm = ssm + 1024;
     float* sv = (float*)(qsm + (ssm - raw));
     int eb = rs != 0.f ? 1 : 2;
-    // The tile's scale and bias (visible after the first barrier), the residual's tile in the
-    // first K tile's group.
+    // The residual's tile in the first K tile's group, then the tile's scale and bias (visible
+    // after the first barrier), their loads in flight with the copies.
+    if (res) qgemm_wg_residual(res, rsm, m0, n0, m, n, eb);
+    qgemm_wg_stage(xq, w, base, m0, n0, 0, m, n, k, true);
     {
         int c = n0 + threadIdx.x;
         sv[threadIdx.x] = c < n ? scale[c] : 0.f;
         sv[128 + threadIdx.x] = bias && c < n ? ld(bias, c) : 0.f;
     }
-    if (res) qgemm_wg_residual(res, rsm, m0, n0, m, n, eb);
-    qgemm_wg_stage(xq, w, base, m0, n0, 0, m, n, k, true);
     int d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0;
@@ -286,37 +294,43 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     // (free now), 64 rows of WG_LD each; a y of T is stored from here, two values a store.
     // Columns past N are skipped (a uniform branch: N = 64 leaves half the tile empty).
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    unsigned char* yb = (unsigned char*)(qsm + (base - raw));
-    unsigned char* cb = yb + 64 * WG_LD;
-    const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw));
+    // This thread's first pair in each tile of shared memory; a pair (j, h) is 8j columns and
+    // 8h rows on from it.
+    int r0 = 16 * warp + g, c0 = 2 * t4;
+    unsigned char* ytile = (unsigned char*)(qsm + (base - raw));
+    unsigned char* ctile = ytile + 64 * WG_LD;
+    unsigned char* yb = ytile + r0 * WG_LD + c0;
+    unsigned char* cb = ctile + r0 * WG_LD + c0;
+    const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw)) + (r0 * WG_LD + c0) * eb;
+    const float* svp = sv + c0;
+    T* yt = (T*)y + (long long)(m0 + r0) * n + n0 + c0;
     float yinv = 1.f / ys, cinv = 1.f / cs;
     bool has_r = res != nullptr;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         if (8 * j >= n - n0) break;
-        int cl = 8 * j + 2 * t4, col = n0 + cl;
-        float2 sc = *(const float2*)(sv + cl), bi = *(const float2*)(sv + 128 + cl);
+        float2 sc = *(const float2*)(svp + 8 * j), bi = *(const float2*)(svp + 128 + 8 * j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            int rl = 16 * warp + g + 8 * h, row = m0 + rl;
-            float r0 = 0.f, r1 = 0.f;
+            int at = 8 * h * WG_LD + 8 * j;
+            float r0v = 0.f, r1v = 0.f;
             if (has_r) {
                 if (eb == 1) {
-                    unsigned short b2 = *(const unsigned short*)(rb + rl * WG_LD + cl);
-                    r0 = __fmul_rn((float)(signed char)(b2 & 255), rs);
-                    r1 = __fmul_rn((float)(signed char)(b2 >> 8), rs);
+                    unsigned short b2 = *(const unsigned short*)(rb + at);
+                    r0v = __fmul_rn((float)(signed char)(b2 & 255), rs);
+                    r1v = __fmul_rn((float)(signed char)(b2 >> 8), rs);
                 } else {
-                    u2f2(*(const unsigned*)(rb + (rl * WG_LD + cl) * 2), r0, r1);
+                    u2f2(*(const unsigned*)(rb + 2 * at), r0v, r1v);
                 }
             }
-            float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0, ak, p0, p1);
-            float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1, ak, p0, p1);
+            float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0v, ak, p0, p1);
+            float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1v, ak, p0, p1);
             if (yq == 0) {
-                if (row < m && col < n) st2((T*)y, (long long)row * n + col, v0, v1);
+                if (m0 + r0 + 8 * h < m && n0 + c0 + 8 * j < n) *(unsigned*)(yt + (long long)8 * h * n + 8 * j) = f2u2(v0, v1);
             } else {
-                *(unsigned short*)(yb + rl * WG_LD + cl) = (unsigned short)(wg_byte(v0, ys, yinv) | (wg_byte(v1, ys, yinv) << 8));
+                *(unsigned short*)(yb + at) = (unsigned short)wg_bytes2(v0, v1, ys, yinv);
             }
-            if (ycopy) *(unsigned short*)(cb + rl * WG_LD + cl) = (unsigned short)(wg_byte(v0, cs, cinv) | (wg_byte(v1, cs, cinv) << 8));
+            if (ycopy) *(unsigned short*)(cb + at) = (unsigned short)wg_bytes2(v0, v1, cs, cinv);
         }
     }
     if (yq == 0 && !ycopy) return;
@@ -326,8 +340,8 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
         int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
         if (m0 + r >= m || n0 + c >= n) continue;
         long long at = (long long)(m0 + r) * n + n0 + c;
-        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(yb + r * WG_LD + c);
-        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(cb + r * WG_LD + c);
+        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(ytile + r * WG_LD + c);
+        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(ctile + r * WG_LD + c);
     }
 }
 #endif
