@@ -239,14 +239,20 @@ __device__ __forceinline__ unsigned wg_sat8(float q) {
 __device__ __noinline__ unsigned wg_divided_bytes2(float x0, float x1, float ys) {
     return wg_sat8(rintf(__fdiv_rn(x0, ys))) | (wg_sat8(rintf(__fdiv_rn(x1, ys))) << 8);
 }
+// The byte of an integral q by an integer clamp: cvt.rzi gives 0 for NaN, as wg_sat8 does.
+__device__ __forceinline__ unsigned wg_int8(float q) {
+    return (unsigned)min(max(__float2int_rz(q), -128), 127) & 255u;
+}
 __device__ __forceinline__ unsigned wg_bytes2(float v0, float v1, float ys, float inv) {
     float x0, x1;
     u2f2(f2u2(v0, v1), x0, x1);
     float a0 = __fmul_rn(x0, inv), a1 = __fmul_rn(x1, inv), q0 = rintf(a0), q1 = rintf(a1);
     if (fmaxf(fabsf(a0 - q0), fabsf(a1 - q1)) > 0.5f - 0x1p-14f) return wg_divided_bytes2(x0, x1, ys);
-    return wg_sat8(q0) | (wg_sat8(q1) << 8);
+    return wg_int8(q0) | (wg_int8(q1) << 8);
 }
-template <int ACT>
+// BYTES: y int8 bytes, no copy, a residual of bytes or none (every resnet50 layer): compiled
+// without the other cases' branches, which cost as many instructions as the arithmetic.
+template <int ACT, bool BYTES>
 __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                               void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                               const T* res, signed char* ycopy, int m, int n, int k, int ak,
@@ -315,7 +321,7 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
             int at = 8 * h * WG_LD + 8 * j;
             float r0v = 0.f, r1v = 0.f;
             if (has_r) {
-                if (eb == 1) {
+                if (BYTES || eb == 1) {
                     unsigned short b2 = *(const unsigned short*)(rb + at);
                     r0v = __fmul_rn((float)(signed char)(b2 & 255), rs);
                     r1v = __fmul_rn((float)(signed char)(b2 >> 8), rs);
@@ -325,6 +331,10 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
             }
             float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0v, ak, p0, p1);
             float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1v, ak, p0, p1);
+            if (BYTES) {
+                *(unsigned short*)(yb + at) = (unsigned short)wg_bytes2(v0, v1, ys, yinv);
+                continue;
+            }
             if (yq == 0) {
                 if (m0 + r0 + 8 * h < m && n0 + c0 + 8 * j < n) *(unsigned*)(yt + (long long)8 * h * n + 8 * j) = f2u2(v0, v1);
             } else {
@@ -333,15 +343,15 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
             if (ycopy) *(unsigned short*)(cb + at) = (unsigned short)wg_bytes2(v0, v1, cs, cinv);
         }
     }
-    if (yq == 0 && !ycopy) return;
+    if (!BYTES && yq == 0 && !ycopy) return;
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < 8; ++h) {
         int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
         if (m0 + r >= m || n0 + c >= n) continue;
         long long at = (long long)(m0 + r) * n + n0 + c;
-        if (yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(ytile + r * WG_LD + c);
-        if (ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(ctile + r * WG_LD + c);
+        if (BYTES || yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(ytile + r * WG_LD + c);
+        if (!BYTES && ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(ctile + r * WG_LD + c);
     }
 }
 #endif
@@ -349,9 +359,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemm_i8_wg(const signed ch
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if (ak == 0) qgemm_wg_body<0>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else if (ak == 1) qgemm_wg_body<1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else qgemm_wg_body<-1>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    bool bytes = yq == 1 && !ycopy && (!res || rs != 0.f);
+    if (ak == 1 && bytes) qgemm_wg_body<1, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 0 && bytes) qgemm_wg_body<0, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 0) qgemm_wg_body<0, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 1) qgemm_wg_body<1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else qgemm_wg_body<-1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
     // Never launched: the build offers it on compute capability 9.0 (its module built for sm_90a).
     __trap();
