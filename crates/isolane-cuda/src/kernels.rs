@@ -126,47 +126,47 @@ pub const fn attn_shared_bytes(key_groups: usize) -> usize {
 pub const QGEMM_SHARED_BYTES: usize = 3 * (128 + 128) * 144;
 /// Outputs a `qgemm_*` block computes along M and along N.
 pub const QGEMM_TILE: usize = 128;
-/// Rows of the output a `qgemm_i8_wg` block computes (one warpgroup's `wgmma.m64n128k32`); its
-/// columns are [`QGEMM_TILE`].
+/// Rows of the output a `qgemm_i8_wg` block computes (one warpgroup's `wgmma.m64nNk32`).
 pub const QGEMM_WG_ROWS: usize = 64;
 /// Threads of a `qgemm_i8_wg` block: one warpgroup.
 pub const QGEMM_WG_THREADS: u32 = 128;
-/// Bytes of one `qgemm_i8_wg` stage: a K tile of 128 bytes of 64 rows of xq and 128 rows of w.
-const QGEMM_WG_STAGE_BYTES: usize = (64 + 128) * 128;
-/// Dynamic shared memory of a `qgemm_i8_wg` launch: 1,024 bytes to align the first swizzle atom
-/// (wgmma's descriptors want 1,024), one stage a K tile up to two, the tile's scale and bias
-/// (128 f32 each), and the residual's 64 rows of 128 elements of `res_bytes` bytes (0: none),
-/// each row padded by 8 elements so that the fragments' reads of 8 rows hit distinct banks.
-/// One K tile (K ≤ 128: most 1×1 layers) takes 43 KiB with a residual of 2-byte floats, so four
-/// blocks share an SM.
-pub const fn qgemm_wg_shared_bytes(k: usize, res_bytes: usize) -> usize {
+/// Columns of the output a `qgemm_i8_wg` block computes. 64, not 128: half the accumulators, so
+/// six blocks an SM instead of four to hide the epilogue's latency (session 33: 7–26 % faster on
+/// every resnet50 1×1 layer at batch 64 than the same kernel with 128).
+pub const QGEMM_WG_COLS: usize = 64;
+/// Dynamic shared memory of a `qgemm_i8_wg` launch of `cols` columns a block: 1,024 bytes to
+/// align the first swizzle atom (wgmma's descriptors want 1,024), one stage a K tile (128 bytes
+/// of 64 rows of xq and `cols` rows of w) up to two, the tile's scale and bias (up to 128 f32
+/// each), and the residual's 64 rows of `cols` elements of `res_bytes` bytes (0: none), each
+/// row padded by 8 elements so that the fragments' reads of 8 rows hit distinct banks.
+pub const fn qgemm_wg_shared_bytes(k: usize, res_bytes: usize, cols: usize) -> usize {
     let stages = if k > 128 { 2 } else { 1 };
-    1024 + stages * QGEMM_WG_STAGE_BYTES + 1024 + QGEMM_WG_ROWS * (QGEMM_TILE + 8) * res_bytes
+    1024 + stages * (QGEMM_WG_ROWS + cols) * 128 + 1024 + QGEMM_WG_ROWS * (cols + 8) * res_bytes
 }
 /// The most a `qgemm_i8_wg` launch asks for (set on the kernel at load).
-pub const QGEMM_WG_SHARED_BYTES: usize = qgemm_wg_shared_bytes(usize::MAX, 2);
+pub const QGEMM_WG_SHARED_BYTES: usize = qgemm_wg_shared_bytes(usize::MAX, 2, QGEMM_WG_COLS);
 
-/// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is
-/// built for `sm_90a` on compute capability 9.0, `model::nvrtc::kernel_cubin`): the same
-/// product and bytes as `qgemm_i8`, its sums by `wgmma.mma_async` (A and B read from shared
-/// memory through descriptors) instead of `mma.sync`, which on Hopper runs at a fraction of
-/// `wgmma`'s rate.
+/// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is built for `sm_90a` on compute capability 9.0,
+/// `model::nvrtc::kernel_cubin`): the same product and bytes as `qgemm_i8`, its sums by
+/// `wgmma.mma_async` (A and B read from shared memory through descriptors) instead of
+/// `mma.sync`, which on Hopper runs at a fraction of `wgmma`'s rate.
 fn qgemm_wgmma_source() -> String {
-    let regs: Vec<String> = (0..64).map(|i| format!("%{i}")).collect();
-    let outs: Vec<String> = (0..64).map(|i| format!("\"+r\"(d[{i}])")).collect();
+    let list = |n: usize, f: &dyn Fn(usize) -> String| (0..n).map(f).collect::<Vec<_>>().join(", ");
+    // wgmma's 32 accumulator registers of a 64 × 64 tile, named one by one.
     QGEMM_WG
-        .replace("__WG_REGS__", &regs.join(", "))
-        .replace("__WG_OUTS__", &outs.join(", "))
+        .replace("__WG_REGS__", &list(32, &|i| format!("%{i}")))
+        .replace("__WG_OUTS__", &list(32, &|i| format!("\"+r\"(d[{i}])")))
 }
 
 const QGEMM_WG: &str = r#"
-// qgemm_i8 on Hopper's wgmma (sm_90a). Block: one warpgroup (128 threads), 64 x 128 outputs by
-// wgmma.m64n128k32 (s8 x s8 -> exact s32, the same sums as the other paths). K in tiles of 128
-// bytes by cp.async into 128-byte swizzle atoms (8 rows x 128 bytes; the 16-byte chunk c of row
-// r at c ^ (r % 8)), the layout the K-major descriptors name (swizzle mode 1, 1,024 bytes
-// between 8-row groups); a tile's four k-steps of 32 bytes advance the descriptors' start by 32
-// bytes. Two stages where K has more than one tile, else one. Each thread's cp.async writes are
-// made visible to wgmma (the async proxy) by fence.proxy.async before the block barrier.
+// qgemm_i8 on Hopper's wgmma (sm_90a). Block: one warpgroup (128 threads), 64 x BN outputs by
+// wgmma.m64nBNk32 (s8 x s8 -> exact s32, the same sums as the other paths), BN = 64 (128 took
+// 7-26 % longer: four blocks an SM where 64 fits six). K in tiles of 128 bytes by cp.async into 128-byte
+// swizzle atoms (8 rows x 128 bytes; the 16-byte chunk c of row r at c ^ (r % 8)), the layout
+// the K-major descriptors name (swizzle mode 1, 1,024 bytes between 8-row groups); a tile's
+// four k-steps of 32 bytes advance the descriptors' start by 32 bytes. Two stages where K has
+// more than one tile, else one. Each thread's cp.async writes are made visible to wgmma (the
+// async proxy) by fence.proxy.async before the block barrier.
 // Session 32's form (two warpgroups, 128 x 128, its int32 sums through 64 KiB of shared memory
 // to qgemm_epilogue) was latency-bound in its epilogue (ncu: 25 % occupancy, ~40 instructions
 // an output, an IEEE division among them). This one:
@@ -174,30 +174,31 @@ const QGEMM_WG: &str = r#"
 // - computes the epilogue on the accumulator fragments in registers; only bytes go through
 //   shared memory, for 8-byte stores;
 // - makes a byte by a multiply with 1 / ys, dividing only near a tie (wg_bytes2: the same byte);
-// - needs 43 KiB (one K tile, a 2-byte residual): four blocks an SM;
-// - pads the rows it reads or writes 8 at once (WG_LD), so that they hit distinct banks.
+// - pads the rows it reads or writes 8 at once (BN + 8), so that they hit distinct banks;
+// - compiles a path for int8 bytes out with a residual of bytes or none (BYTES).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_STAGE ((64 + 128) * 128)
-#define WG_LD (128 + 8)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+template <int BN>
 __device__ __forceinline__ void wg_mma(int* d, unsigned long long da, unsigned long long db) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {__WG_REGS__}, %64, %65, 1;"
+    static_assert(BN == 64, "wgmma is written out for n64");
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {__WG_REGS__}, %32, %33, 1;"
                  : __WG_OUTS__
                  : "l"(da), "l"(db));
 }
 __device__ __forceinline__ void cp_async8(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
-// One K tile from k0: 64 rows of xq at sa, 128 rows of w after them; rows past M or N and
+// One K tile from k0: 64 rows of xq at sa, BN rows of w after them; rows past M or N and
 // chunks past K are zeros. Always one cp.async group (empty past the last tile).
+template <int BN>
 __device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                                unsigned sa, int m0, int n0, int k0, int m, int n, int k, bool any) {
     if (any) {
         unsigned sb = sa + 64 * 128;
 #pragma unroll
-        for (int h = 0; h < 12; ++h) {
+        for (int h = 0; h < 4 + BN / 16; ++h) {
             int chunk = threadIdx.x + h * 128;
             bool is_a = h < 4;
             int r = (is_a ? chunk : chunk - 512) >> 3, c = chunk & 7, kc = k0 + c * 16;
@@ -213,25 +214,27 @@ __device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ x
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-// The residual's 64 x 128 tile into rsm, rows of WG_LD elements of eb bytes (1: bytes, 2: T), 8
+// The residual's 64 x BN tile into rsm, rows of BN + 8 elements of eb bytes (1: bytes, 2: T), 8
 // columns a copy (n and the tile's columns are multiples of 8, so a copy is whole and aligned).
-// Rows of 128 + 8 elements: the fragments read 8 rows at once, and 128 would put them in one bank.
+// The fragments read 8 rows at once, and rows of BN would put them in one bank.
+template <int BN>
 __device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm, int m0, int n0, int m, int n, int eb) {
+    const int LD = BN + 8, RUNS = BN / 8;
 #pragma unroll
-    for (int h = 0; h < 8; ++h) {
-        int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
+    for (int h = 0; h < BN / 16; ++h) {
+        int chunk = threadIdx.x + h * 128, r = chunk / RUNS, c = (chunk % RUNS) * 8;
         bool in = m0 + r < m && n0 + c < n;
         long long at = ((long long)(m0 + r) * n + n0 + c) * eb;
         const void* src = in ? (const void*)((const unsigned char*)res + at) : res;
-        if (eb == 1) cp_async8(rsm + r * WG_LD + c, src, in ? 8 : 0);
-        else cp_async16(rsm + (r * WG_LD + c) * 2, src, in ? 16 : 0);
+        if (eb == 1) cp_async8(rsm + r * LD + c, src, in ? 8 : 0);
+        else cp_async16(rsm + (r * LD + c) * 2, src, in ? 16 : 0);
     }
 }
 // epi_byte<1>'s bytes of v0, v1 (each stored in T, divided by ys, rounded, saturated) by a
 // multiply with inv = 1 / ys, packed little-endian. A product is within 2^-23 of the quotient
 // relatively, so within 2^-15 where |q| < 256 (beyond, both saturate alike): its rounding can
 // differ from the quotient's only within 2^-14 of a half, where the division decides. The
-// division is out of line: inlined at each of a thread's 32 pairs, its code made the kernel's
+// division is out of line: inlined at each of a thread's pairs, its code made the kernel's
 // larger than the instruction cache.
 __device__ __forceinline__ unsigned wg_sat8(float q) {
     return q != q ? 0u : (unsigned)(int)fminf(fmaxf(q, -128.f), 127.f) & 255u;
@@ -239,57 +242,61 @@ __device__ __forceinline__ unsigned wg_sat8(float q) {
 __device__ __noinline__ unsigned wg_divided_bytes2(float x0, float x1, float ys) {
     return wg_sat8(rintf(__fdiv_rn(x0, ys))) | (wg_sat8(rintf(__fdiv_rn(x1, ys))) << 8);
 }
-// The byte of an integral q by an integer clamp: cvt.rzi gives 0 for NaN, as wg_sat8 does.
-__device__ __forceinline__ unsigned wg_int8(float q) {
-    return (unsigned)min(max(__float2int_rz(q), -128), 127) & 255u;
+// a rounded to the nearest even and saturated to int8 in one instruction (NaN gives 0, as
+// wg_sat8), in the low byte.
+__device__ __forceinline__ unsigned wg_s8(float a) {
+    unsigned r;
+    asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(a));
+    return r;
 }
 __device__ __forceinline__ unsigned wg_bytes2(float v0, float v1, float ys, float inv) {
     float x0, x1;
     u2f2(f2u2(v0, v1), x0, x1);
-    float a0 = __fmul_rn(x0, inv), a1 = __fmul_rn(x1, inv), q0 = rintf(a0), q1 = rintf(a1);
-    if (fmaxf(fabsf(a0 - q0), fabsf(a1 - q1)) > 0.5f - 0x1p-14f) return wg_divided_bytes2(x0, x1, ys);
-    return wg_int8(q0) | (wg_int8(q1) << 8);
+    float a0 = __fmul_rn(x0, inv), a1 = __fmul_rn(x1, inv);
+    if (fmaxf(fabsf(a0 - rintf(a0)), fabsf(a1 - rintf(a1))) > 0.5f - 0x1p-14f) return wg_divided_bytes2(x0, x1, ys);
+    return __byte_perm(wg_s8(a0), wg_s8(a1), 0x0040) & 0xffffu;
 }
 // BYTES: y int8 bytes, no copy, a residual of bytes or none (every resnet50 layer): compiled
 // without the other cases' branches, which cost as many instructions as the arithmetic.
-template <int ACT, bool BYTES>
+template <int BN, int ACT, bool BYTES>
 __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                               void* y, const float* __restrict__ scale, const T* __restrict__ bias,
                                               const T* res, signed char* ycopy, int m, int n, int k, int ak,
                                               float p0, float p1, float ys, int yq, float cs, float rs) {
+    const int LD = BN + 8, RUNS = BN / 8, STAGE = (64 + BN) * 128;
     extern __shared__ __align__(16) signed char qsm[];
     unsigned raw = (unsigned)__cvta_generic_to_shared(qsm);
     unsigned base = (raw + 1023u) & ~1023u;
-    int ntiles = (n + 127) / 128;
-    int m0 = (int)(blockIdx.x / ntiles) * 64, n0 = (int)(blockIdx.x % ntiles) * 128;
+    int ntiles = (n + BN - 1) / BN;
+    int m0 = (int)(blockIdx.x / ntiles) * 64, n0 = (int)(blockIdx.x % ntiles) * BN;
     int ktiles = (k + 127) / 128, stages = ktiles > 1 ? 2 : 1;
-    unsigned ssm = base + stages * WG_STAGE, rsm = ssm + 1024;
+    unsigned ssm = base + stages * STAGE, rsm = ssm + 1024;
     float* sv = (float*)(qsm + (ssm - raw));
     int eb = rs != 0.f ? 1 : 2;
     // The residual's tile in the first K tile's group, then the tile's scale and bias (visible
     // after the first barrier), their loads in flight with the copies.
-    if (res) qgemm_wg_residual(res, rsm, m0, n0, m, n, eb);
-    qgemm_wg_stage(xq, w, base, m0, n0, 0, m, n, k, true);
-    {
+    if (res) qgemm_wg_residual<BN>(res, rsm, m0, n0, m, n, eb);
+    qgemm_wg_stage<BN>(xq, w, base, m0, n0, 0, m, n, k, true);
+    if (threadIdx.x < BN) {
         int c = n0 + threadIdx.x;
         sv[threadIdx.x] = c < n ? scale[c] : 0.f;
         sv[128 + threadIdx.x] = bias && c < n ? ld(bias, c) : 0.f;
     }
-    int d[64];
+    int d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0;
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0;
     for (int kt = 0; kt < ktiles; ++kt) {
         // The next tile into the other stage (its last reader, tile kt - 1, is done: the barrier
         // at the end of the last iteration), then wait for tile kt.
         int next = kt + 1;
-        qgemm_wg_stage(xq, w, base + (next & 1) * WG_STAGE, m0, n0, next * 128, m, n, k, stages > 1 && next < ktiles);
+        qgemm_wg_stage<BN>(xq, w, base + (next & 1) * STAGE, m0, n0, next * 128, m, n, k, stages > 1 && next < ktiles);
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        unsigned a = base + (stages > 1 ? (kt & 1) : 0) * WG_STAGE, b = a + 64 * 128;
+        unsigned a = base + (stages > 1 ? (kt & 1) : 0) * STAGE, b = a + 64 * 128;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg_mma(d, wg_desc(a + kk * 32), wg_desc(b + kk * 32));
+        for (int kk = 0; kk < 4; ++kk) wg_mma<BN>(d, wg_desc(a + kk * 32), wg_desc(b + kk * 32));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         __syncthreads();
@@ -297,28 +304,28 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     // The epilogue on the fragments: warp w holds rows 16w + lane / 4 (+ 8), columns
     // 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3]. y's and the copy's bytes go to the first stage
-    // (free now), 64 rows of WG_LD each; a y of T is stored from here, two values a store.
-    // Columns past N are skipped (a uniform branch: N = 64 leaves half the tile empty).
+    // (free now), 64 rows of LD each; a y of T is stored from here, two values a store.
+    // Columns past N are skipped (a uniform branch).
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     // This thread's first pair in each tile of shared memory; a pair (j, h) is 8j columns and
     // 8h rows on from it.
     int r0 = 16 * warp + g, c0 = 2 * t4;
     unsigned char* ytile = (unsigned char*)(qsm + (base - raw));
-    unsigned char* ctile = ytile + 64 * WG_LD;
-    unsigned char* yb = ytile + r0 * WG_LD + c0;
-    unsigned char* cb = ctile + r0 * WG_LD + c0;
-    const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw)) + (r0 * WG_LD + c0) * eb;
+    unsigned char* ctile = ytile + 64 * LD;
+    unsigned char* yb = ytile + r0 * LD + c0;
+    unsigned char* cb = ctile + r0 * LD + c0;
+    const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw)) + (r0 * LD + c0) * eb;
     const float* svp = sv + c0;
     T* yt = (T*)y + (long long)(m0 + r0) * n + n0 + c0;
     float yinv = 1.f / ys, cinv = 1.f / cs;
     bool has_r = res != nullptr;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < RUNS; ++j) {
         if (8 * j >= n - n0) break;
         float2 sc = *(const float2*)(svp + 8 * j), bi = *(const float2*)(svp + 128 + 8 * j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            int at = 8 * h * WG_LD + 8 * j;
+            int at = 8 * h * LD + 8 * j;
             float r0v = 0.f, r1v = 0.f;
             if (has_r) {
                 if (BYTES || eb == 1) {
@@ -346,27 +353,34 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     if (!BYTES && yq == 0 && !ycopy) return;
     __syncthreads();
 #pragma unroll
-    for (int h = 0; h < 8; ++h) {
-        int chunk = threadIdx.x + h * 128, r = chunk >> 4, c = (chunk & 15) * 8;
+    for (int h = 0; h < BN / 16; ++h) {
+        int chunk = threadIdx.x + h * 128, r = chunk / RUNS, c = (chunk % RUNS) * 8;
         if (m0 + r >= m || n0 + c >= n) continue;
         long long at = (long long)(m0 + r) * n + n0 + c;
-        if (BYTES || yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(ytile + r * WG_LD + c);
-        if (!BYTES && ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(ctile + r * WG_LD + c);
+        if (BYTES || yq != 0) *(uint2*)((unsigned char*)y + at) = *(const uint2*)(ytile + r * LD + c);
+        if (!BYTES && ycopy) *(uint2*)((unsigned char*)ycopy + at) = *(const uint2*)(ctile + r * LD + c);
     }
 }
+template <int BN>
+__device__ __forceinline__ void qgemm_wg_entry(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+        void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
+        int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
+    bool bytes = yq == 1 && !ycopy && (!res || rs != 0.f);
+    if (ak == 1 && bytes) qgemm_wg_body<BN, 1, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 0 && bytes) qgemm_wg_body<BN, 0, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 0) qgemm_wg_body<BN, 0, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else if (ak == 1) qgemm_wg_body<BN, 1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    else qgemm_wg_body<BN, -1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+}
 #endif
-extern "C" __global__ void __launch_bounds__(128, 4) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
+// Never launched off sm_90a: the build offers it on compute capability 9.0 (its module built
+// for sm_90a).
+extern "C" __global__ void __launch_bounds__(128, 6) qgemm_i8_wg(const signed char* __restrict__ xq, const signed char* __restrict__ w,
         void* y, const float* __restrict__ scale, const T* __restrict__ bias, const T* res, signed char* ycopy,
         int m, int n, int k, int ak, float p0, float p1, float ys, int yq, float cs, float rs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    bool bytes = yq == 1 && !ycopy && (!res || rs != 0.f);
-    if (ak == 1 && bytes) qgemm_wg_body<1, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else if (ak == 0 && bytes) qgemm_wg_body<0, true>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else if (ak == 0) qgemm_wg_body<0, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else if (ak == 1) qgemm_wg_body<1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
-    else qgemm_wg_body<-1, false>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
+    qgemm_wg_entry<64>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
-    // Never launched: the build offers it on compute capability 9.0 (its module built for sm_90a).
     __trap();
 #endif
 }

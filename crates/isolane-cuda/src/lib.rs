@@ -56,7 +56,10 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// 5: session 32 (a quantized skip read as bytes by its residual reader, its producer writing
 ///    bytes only: a calibrated model's plan has other buffers and steps; a saved plan of 4 is
 ///    refused).
-pub const ENGINE_REVISION: u32 = 5;
+/// 6: session 33 (on compute capability 9.0 the own int8 kernel, rewritten, is timed with the
+///    other candidates by default and picked where faster; a saved plan of 5 is refused, its
+///    own launches are not this kernel's).
+pub const ENGINE_REVISION: u32 = 6;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -46,12 +46,12 @@ pub enum QuantPaths {
     /// `ISOLANE_CUDA_QUANT=bytes`: the GEMM with x quantized before its im2col.
     Bytes,
     /// `ISOLANE_CUDA_QUANT=own`: the own tensor-core kernel with the epilogue fused, on the
-    /// GEMM path's rows (built only when forced: slower than cuDNN's graph on the H200).
+    /// GEMM path's rows (timed by default on compute capability 9.0 only: [`Self::builds_own`]).
     Own,
     /// `ISOLANE_CUDA_QUANT=own-bytes`: the own kernel on the rows of the bytes' im2col.
     OwnBytes,
     /// `ISOLANE_CUDA_QUANT=fastest-own`: every candidate timed, the own kernel's two among
-    /// them (its per-layer times in the search log; a longer build).
+    /// them on any device (the default times them on compute capability 9.0 only).
     FastestWithOwn,
 }
 
@@ -70,12 +70,17 @@ impl QuantPaths {
         }
     }
 
-    /// Whether the own kernel's candidates are built (forced, or timed with the others).
-    pub fn builds_own(self) -> bool {
-        matches!(
-            self,
-            QuantPaths::Own | QuantPaths::OwnBytes | QuantPaths::FastestWithOwn
-        )
+    /// Whether the own kernel's candidates are built on a device of compute capability `arch`:
+    /// where forced or asked to be timed, and by default on 9.0, where its `wgmma` form
+    /// (`qgemm_i8_wg`) beat cuDNN's fused graph on resnet50's 1×1 expansions and won the
+    /// whole-chain timing (session 33). Elsewhere its `mma.sync` form lost to cuDNN on every
+    /// layer (session 31), so timing it would only lengthen the build.
+    pub fn builds_own(self, arch: (i32, i32)) -> bool {
+        match self {
+            QuantPaths::Own | QuantPaths::OwnBytes | QuantPaths::FastestWithOwn => true,
+            QuantPaths::Fastest => arch == (9, 0),
+            _ => false,
+        }
     }
 }
 
@@ -398,11 +403,18 @@ mod tests {
             ],
             [Some(0), Some(1), Some(2), Some(3), Some(4), None]
         );
-        // The own kernel is built forced, or timed with the others.
+        // The own kernel is built forced or asked to be timed on any device, and timed by
+        // default on compute capability 9.0 (its wgmma form) only.
         let own = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths;
-        assert!(own("own").builds_own() && own("own-bytes").builds_own());
-        assert!(own("fastest-own").builds_own() && own("fastest-own").forced().is_none());
-        assert!(!own("graph").builds_own() && !own("").builds_own());
+        let (hopper, ampere, ada) = ((9, 0), (8, 0), (8, 9));
+        for arch in [hopper, ampere, ada] {
+            assert!(own("own").builds_own(arch) && own("own-bytes").builds_own(arch));
+            assert!(own("fastest-own").builds_own(arch));
+            assert!(!own("graph").builds_own(arch) && !own("gemm").builds_own(arch));
+        }
+        assert!(own("fastest-own").forced().is_none() && own("").forced().is_none());
+        assert!(own("").builds_own(hopper));
+        assert!(!own("").builds_own(ampere) && !own("").builds_own(ada));
         // Each candidate's name is the value that forces it.
         for i in 0..5 {
             let name = quant_candidate_name(i);

@@ -130,11 +130,10 @@ pub(super) fn record_quant_gemm(
         }
     }
     // The own kernel in place of the GEMM and the epilogue of paths 0 and 4 (their last two
-    // launches), before either takes its copy's quantize below. Built only where forced or
-    // asked to be timed (`fastest-own`): on the H200 it lost to cuDNN's fused graph on every
-    // resnet50 layer at batch 1 and 64 (session 31, docs/cuda.md), so timing it by default
-    // would only lengthen every build.
-    if rec.options.quant_paths.builds_own() {
+    // launches), before either takes its copy's quantize below. Built where forced, asked to
+    // be timed (`fastest-own`), or by default on compute capability 9.0
+    // (`QuantPaths::builds_own`: elsewhere its `mma.sync` form lost to cuDNN on every layer).
+    if rec.options.quant_paths.builds_own(rec.arch) {
         paths[OWN_PATH] = match &paths[0] {
             Ok(gemm) => own_gemm(rec, q, gemm),
             Err(_) => Err(EngineError::Runtime(
@@ -150,8 +149,8 @@ pub(super) fn record_quant_gemm(
     } else {
         for p in [OWN_PATH, OWN_BYTES_PATH] {
             paths[p] = Err(EngineError::Runtime(
-                "not built unless asked (ISOLANE_CUDA_QUANT=own / own-bytes / fastest-own): \
-                 slower than cuDNN's graph on the H200"
+                "not built unless asked off compute capability 9.0 (ISOLANE_CUDA_QUANT=own / \
+                 own-bytes / fastest-own): its mma.sync form lost to cuDNN on every layer"
                     .into(),
             ));
         }
@@ -1194,16 +1193,16 @@ pub(crate) fn own_gemm_refusal(
         ));
     }
     if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize)
-        || own_tiles(q, kernels::QGEMM_WG_ROWS) > u32::MAX as usize
+        || own_tiles(q, kernels::QGEMM_WG_ROWS, kernels::QGEMM_WG_COLS) > u32::MAX as usize
     {
         return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
     }
     None
 }
 
-/// The own kernel's blocks for `q`: one per `rows` × 128 tile of the output.
-fn own_tiles(q: &QuantGemmStep, rows: usize) -> usize {
-    q.m.div_ceil(rows) * q.n.div_ceil(kernels::QGEMM_TILE)
+/// The own kernel's blocks for `q`: one per `rows` × `cols` tile of the output.
+fn own_tiles(q: &QuantGemmStep, rows: usize, cols: usize) -> usize {
+    q.m.div_ceil(rows) * q.n.div_ceil(cols)
 }
 
 /// The own kernel in place of the last two launches (the GEMM, the epilogue) of a GEMM path
@@ -1217,23 +1216,23 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
         (Some(_), Some(_)) => 1,
         (Some(_), None) => 2,
     };
-    let (func, shared, rows, block) = match (int8, rec.arch) {
+    let (func, shared, (rows, cols), block) = match (int8, rec.arch) {
         (true, (9, 0)) => (
             "qgemm_i8_wg",
-            kernels::qgemm_wg_shared_bytes(q.k, residual_bytes),
-            kernels::QGEMM_WG_ROWS,
+            kernels::qgemm_wg_shared_bytes(q.k, residual_bytes, kernels::QGEMM_WG_COLS),
+            (kernels::QGEMM_WG_ROWS, kernels::QGEMM_WG_COLS),
             kernels::QGEMM_WG_THREADS,
         ),
         (true, _) => (
             "qgemm_i8",
             kernels::QGEMM_SHARED_BYTES,
-            kernels::QGEMM_TILE,
+            (kernels::QGEMM_TILE, kernels::QGEMM_TILE),
             BLOCK,
         ),
         (false, _) => (
             "qgemm_f8",
             kernels::QGEMM_SHARED_BYTES,
-            kernels::QGEMM_TILE,
+            (kernels::QGEMM_TILE, kernels::QGEMM_TILE),
             BLOCK,
         ),
     };
@@ -1275,7 +1274,7 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
     let mut l = rows_path[..tail].to_vec();
     l.push(Launch::Kernel {
         func: rec.func(func),
-        grid: own_tiles(q, rows) as u32,
+        grid: own_tiles(q, rows, cols) as u32,
         block,
         shared: shared as u32,
         args: vec![

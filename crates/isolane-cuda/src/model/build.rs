@@ -25,9 +25,9 @@ impl CudaModel {
         let block = m.upload_weights(&plan)?;
         m.alloc_pinned_io(&plan)?;
         // The own int8 kernel's Hopper form needs the module built for sm_90a; only a build that
-        // builds the own path asks for it (crate::quant_gemm), so every other build's module is
-        // the plain sm_90 one the H200 runs were measured with.
-        let own = target.build.quant_paths.builds_own();
+        // builds the own path asks for it (crate::quant_gemm: by default on compute capability
+        // 9.0, QuantPaths::builds_own), so a forced path keeps the plain sm_90 module.
+        let own = target.build.quant_paths.builds_own(arch);
         let smem_optin = device_smem_optin()?;
         let half_names = m.load_kernels(plan.dtype, (arch, smem_optin), own)?;
         m.programmatic =
