@@ -1180,10 +1180,13 @@ pub(crate) fn own_gemm_refusal(
             arch.0, arch.1, need.0, need.1
         ));
     }
-    if smem_optin < kernels::QGEMM_SHARED_BYTES {
+    let need = match (q.qtype, arch) {
+        (QuantType::Int8, (9, 0)) => kernels::QGEMM_WG_SHARED_BYTES,
+        _ => kernels::QGEMM_SHARED_BYTES,
+    };
+    if smem_optin < need {
         return Some(format!(
-            "the device lets a block have {smem_optin} bytes of shared memory, the kernel needs {}",
-            kernels::QGEMM_SHARED_BYTES
+            "the device lets a block have {smem_optin} bytes of shared memory, the kernel needs {need}"
         ));
     }
     if !q.k.is_multiple_of(OWN_K_CHUNK) || !q.n.is_multiple_of(OWN_N_RUN) {
@@ -1468,6 +1471,7 @@ mod tests {
         choose_path, describe_choice, own_gemm_refusal, reads_copy, splice_steps, whole_graph_wins,
         writes_own_copy, GraphAlt, FLOAT_PATH, GRAPH_PATH, OWN_BYTES_PATH, OWN_PATH, PATHS,
     };
+    use crate::kernels;
     use crate::model::Launch;
     use crate::plan::QuantGemmStep;
 
@@ -1842,5 +1846,12 @@ mod tests {
         // An Ada GPU's 99 KiB a block is below the kernel's three stages.
         let ada = own_gemm_refusal(&k16, ((8, 9), 101_376), true).unwrap();
         assert!(ada.contains("101376 bytes of shared memory"), "{ada}");
+        // The Hopper int8 kernel needs far less: 99 KiB a block would do, and where K ≤ 128
+        // six blocks share an SM's 228 KiB (1 KiB of it reserved a block), a skip of floats
+        // included.
+        assert_eq!(own_gemm_refusal(&k16, ((9, 0), 101_376), true), None);
+        let one_tile = kernels::qgemm_wg_shared_bytes(128, 2, kernels::QGEMM_WG_COLS);
+        assert!(6 * (one_tile + 1024) <= 228 * 1024, "{one_tile}");
+        assert!(kernels::qgemm_wg_shared_bytes(129, 2, kernels::QGEMM_WG_COLS) > one_tile);
     }
 }

@@ -292,10 +292,13 @@ fn kernel_source_has_every_kernel_for_every_dtype() {
     assert!(kernels::source(DType::Bf16).contains("m16n8k16.row.col.f32.bf16.bf16.f32"));
     assert!(kernels::source(DType::F16).contains("cvt.rn.f16.f32"));
     assert!(kernels::source(DType::Bf16).contains("cvt.rn.bf16.f32"));
-    // The Hopper int8 GEMM's wgmma, with its 64 accumulator operands written out.
+    // The Hopper int8 GEMM's wgmma on a 64 × 64 tile, with its 32 accumulator operands written
+    // out, and its byte in one saturating conversion.
     let f16 = kernels::source(DType::F16);
-    assert!(f16.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1,"));
-    assert!(f16.contains("%63}, %64, %65, 1;") && f16.contains("\"+r\"(d[63])"));
+    assert!(f16.contains("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1,"));
+    assert!(f16.contains("%31}, %32, %33, 1;") && f16.contains("\"+r\"(d[31])"));
+    assert!(!f16.contains("\"+r\"(d[32])") && f16.contains("cvt.rni.sat.s8.f32"));
+    assert_eq!(kernels::QGEMM_WG_COLS, 64);
     assert!(
         !f16.contains("__WG_"),
         "a placeholder of the wgmma source was left in"
