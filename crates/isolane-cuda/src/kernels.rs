@@ -147,8 +147,9 @@ pub const fn qgemm_wg_shared_bytes(k: usize, res_bytes: usize, cols: usize) -> u
 /// The most a `qgemm_i8_wg` launch asks for (set on the kernel at load).
 pub const QGEMM_WG_SHARED_BYTES: usize = qgemm_wg_shared_bytes(usize::MAX, 2, QGEMM_WG_COLS);
 
-/// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is built for `sm_90a` on compute capability 9.0,
-/// `model::nvrtc::kernel_cubin`): the same product and bytes as `qgemm_i8`, its sums by
+/// The Hopper form of the int8 kernel (`qgemm_i8_wg`, compiled for sm_90a only: the module is
+/// built for `sm_90a` on compute capability 9.0, `model::nvrtc::kernel_cubin`): the same
+/// product and bytes as `qgemm_i8`, its sums by
 /// `wgmma.mma_async` (A and B read from shared memory through descriptors) instead of
 /// `mma.sync`, which on Hopper runs at a fraction of `wgmma`'s rate.
 fn qgemm_wgmma_source() -> String {
@@ -162,8 +163,8 @@ fn qgemm_wgmma_source() -> String {
 const QGEMM_WG: &str = r#"
 // qgemm_i8 on Hopper's wgmma (sm_90a). Block: one warpgroup (128 threads), 64 x BN outputs by
 // wgmma.m64nBNk32 (s8 x s8 -> exact s32, the same sums as the other paths), BN = 64 (with 128,
-// four blocks an SM where 64 fits six: slower on most layers). K in tiles of 128 bytes by cp.async into 128-byte
-// swizzle atoms (8 rows x 128 bytes; the 16-byte chunk c of row r at c ^ (r % 8)), the layout
+// four blocks an SM where 64 fits six: slower on most layers). K in tiles of 128 bytes by
+// cp.async into 128-byte swizzle atoms (8 rows x 128 bytes; the 16-byte chunk c of row r at c ^ (r % 8)), the layout
 // the K-major descriptors name (swizzle mode 1, 1,024 bytes between 8-row groups); a tile's
 // four k-steps of 32 bytes advance the descriptors' start by 32 bytes. Two stages where K has
 // more than one tile, else one. Each thread's cp.async writes are made visible to wgmma (the
