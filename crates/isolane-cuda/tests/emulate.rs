@@ -882,6 +882,42 @@ fn run_paths(p: &Plan, x: &[f32], pattern: &[usize]) -> Vec<f32> {
     got
 }
 
+/// A seeded random input for `q` at `batch` and the CPU backend's output for it: what the
+/// emulated plans are held to.
+fn cpu_reference(q: &Graph, batch: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut cpu = CpuBackend::new(1)
+        .compile(q, batch, Precision::Fp32)
+        .unwrap();
+    let x = random(cpu.input_mut().len(), seed);
+    cpu.input_mut().copy_from_slice(&x);
+    cpu.run().unwrap();
+    (x, cpu.output().to_vec())
+}
+
+/// Checks that `p` computes `want` from `x` within 1e-5 with its quantized products' paths
+/// cycling through each of `patterns` (`run_paths`); `what` names the case.
+fn assert_paths_compute(p: &Plan, x: &[f32], want: &[f32], patterns: &[&[usize]], what: &str) {
+    for pattern in patterns {
+        let got = run_paths(p, x, pattern);
+        let err = rel_l2(&got, want);
+        assert!(err < 1e-5, "{what} paths {pattern:?}: rel L2 {err:e}");
+    }
+}
+
+/// The plan's quantized product named `name`.
+fn quant_gemm<'a>(p: &'a Plan, name: &str) -> &'a QuantGemmStep {
+    p.steps
+        .iter()
+        .find_map(|s| match &s.kind {
+            StepKind::QuantGemm(g) if s.name == name => Some(&**g),
+            _ => None,
+        })
+        .unwrap_or_else(|| {
+            let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+            panic!("{name} is no quantized GEMM: {names:?}")
+        })
+}
+
 fn storage_id(l: Loc) -> usize {
     match l {
         Loc::Storage { id, .. } => id,
@@ -2343,16 +2379,7 @@ fn a_quantized_skip_is_read_as_bytes_on_every_path() {
     for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
         for batch in [1, 3] {
             let (q, p) = quant_cnn_plan_with(qtype, batch, true);
-            let by = |n: &str| {
-                p.steps
-                    .iter()
-                    .find_map(|s| match &s.kind {
-                        StepKind::QuantGemm(g) if s.name == n => Some(&**g),
-                        _ => None,
-                    })
-                    .unwrap_or_else(|| panic!("{n} is no quantized GEMM"))
-            };
-            let (c3, c4) = (by("c3"), by("c4"));
+            let (c3, c4) = (quant_gemm(&p, "c3"), quant_gemm(&p, "c4"));
             let ys = c3.y_scale.expect("c3 writes bytes only");
             assert!(c3.y_copy.is_none(), "{c3:?}");
             assert!(c4.x_quantized && c4.x == c3.y, "{c4:?}");
@@ -2381,31 +2408,21 @@ fn a_quantized_skip_is_read_as_bytes_on_every_path() {
                 assert_eq!(*a, b / ys);
             }
             assert!(p.consts[inv].data.iter().all(|&v| v == ys), "floats out");
-            let mut cpu = CpuBackend::new(1)
-                .compile(&q, batch, Precision::Fp32)
-                .unwrap();
-            let x = random(cpu.input_mut().len(), 5);
-            cpu.input_mut().copy_from_slice(&x);
-            cpu.run().unwrap();
-            for pattern in [
-                vec![0],
-                vec![1],
-                vec![2],
-                vec![3],
-                vec![5],
-                vec![2, 0, 1],
-                vec![0, 3, 2],
-                vec![3, 3, 3],
-                vec![5, 5, 2, 1],
-            ] {
-                let got = run_paths(&p, &x, &pattern);
-                let err = rel_l2(&got, cpu.output());
-                // The graph's division of its constants by the skip's scale rounds in f32.
-                assert!(
-                    err < 1e-5,
-                    "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
-                );
-            }
+            let (x, want) = cpu_reference(&q, batch, 5);
+            // Within 1e-5: the graph's division of its constants by the skip's scale rounds in
+            // f32.
+            let patterns: [&[usize]; 9] = [
+                &[0],
+                &[1],
+                &[2],
+                &[3],
+                &[5],
+                &[2, 0, 1],
+                &[0, 3, 2],
+                &[3, 3, 3],
+                &[5, 5, 2, 1],
+            ];
+            assert_paths_compute(&p, &x, &want, &patterns, &format!("{qtype} batch {batch}"));
         }
     }
 }
@@ -2487,18 +2504,7 @@ fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
         };
         let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
         let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
-        let step = |n: &str| {
-            p.steps
-                .iter()
-                .find_map(|s| match &s.kind {
-                    StepKind::QuantGemm(g) if s.name == n => Some(&**g),
-                    _ => None,
-                })
-                .unwrap_or_else(|| {
-                    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
-                    panic!("{n} is no quantized GEMM: {names:?}")
-                })
-        };
+        let step = |n: &str| quant_gemm(&p, n);
         let (down, a3, b1, b3) = (step("a.down"), step("a.c3"), step("b.c1"), step("b.c3"));
         // A's skip is its downsample's output, B's is A's output: both bytes only.
         assert!(down.y_scale.is_some() && down.y_copy.is_none(), "{down:?}");
@@ -2517,26 +2523,18 @@ fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
             .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
             .count();
         assert_eq!(fake_quants, 1, "only the stem's input: {:#?}", p.steps);
-        let mut cpu = CpuBackend::new(1)
-            .compile(&q, batch, Precision::Fp32)
-            .unwrap();
-        let x = random(cpu.input_mut().len(), 9);
-        cpu.input_mut().copy_from_slice(&x);
-        cpu.run().unwrap();
-        for pattern in [
-            vec![0],
-            vec![1],
-            vec![2],
-            vec![3],
-            vec![5],
-            vec![3, 2, 0, 1],
-            vec![2, 3, 3],
-            vec![1, 5, 2],
-        ] {
-            let got = run_paths(&p, &x, &pattern);
-            let err = rel_l2(&got, cpu.output());
-            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
-        }
+        let (x, want) = cpu_reference(&q, batch, 9);
+        let patterns: [&[usize]; 8] = [
+            &[0],
+            &[1],
+            &[2],
+            &[3],
+            &[5],
+            &[3, 2, 0, 1],
+            &[2, 3, 3],
+            &[1, 5, 2],
+        ];
+        assert_paths_compute(&p, &x, &want, &patterns, &qtype.to_string());
     }
 }
 
@@ -2610,31 +2608,20 @@ fn every_quantized_layer_choice_computes_the_graph() {
                     other => panic!("{name}: {other:?}"),
                 }
             }
-            let mut cpu = CpuBackend::new(1)
-                .compile(&q, batch, Precision::Fp32)
-                .unwrap();
-            let x = random(cpu.input_mut().len(), 5);
-            cpu.input_mut().copy_from_slice(&x);
-            cpu.run().unwrap();
-            for pattern in [
-                vec![1],
-                vec![2],
-                vec![3],
-                vec![5],
-                vec![2, 0, 1],
-                vec![0, 2, 1],
-                vec![1, 2],
-                vec![3, 0, 3],
-                vec![0, 3, 2],
-                vec![5, 5, 2, 1],
-            ] {
-                let got = run_paths(&p, &x, &pattern);
-                let err = rel_l2(&got, cpu.output());
-                assert!(
-                    err < 1e-5,
-                    "{qtype} batch {batch} paths {pattern:?}: rel L2 {err:e}"
-                );
-            }
+            let (x, want) = cpu_reference(&q, batch, 5);
+            let patterns: [&[usize]; 10] = [
+                &[1],
+                &[2],
+                &[3],
+                &[5],
+                &[2, 0, 1],
+                &[0, 2, 1],
+                &[1, 2],
+                &[3, 0, 3],
+                &[0, 3, 2],
+                &[5, 5, 2, 1],
+            ];
+            assert_paths_compute(&p, &x, &want, &patterns, &format!("{qtype} batch {batch}"));
         }
     }
 }
@@ -2682,17 +2669,9 @@ fn a_relu6_convolution_takes_the_quantized_graph() {
             })
             .collect();
         assert_eq!(graphs, ["c2", "c3", "c4"], "{qtype}");
-        let mut cpu = CpuBackend::new(1)
-            .compile(&q, batch, Precision::Fp32)
-            .unwrap();
-        let x = random(cpu.input_mut().len(), 5);
-        cpu.input_mut().copy_from_slice(&x);
-        cpu.run().unwrap();
-        for pattern in [vec![3], vec![0, 3, 3], vec![2, 3, 0]] {
-            let got = run_paths(&p, &x, &pattern);
-            let err = rel_l2(&got, cpu.output());
-            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
-        }
+        let (x, want) = cpu_reference(&q, batch, 5);
+        let patterns: [&[usize]; 3] = [&[3], &[0, 3, 3], &[2, 3, 0]];
+        assert_paths_compute(&p, &x, &want, &patterns, &qtype.to_string());
     }
 }
 
@@ -2771,16 +2750,11 @@ fn a_block_output_is_quantized_once_by_its_producer() {
         };
         let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
         let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
-        let step = |n: &str| {
-            p.steps
-                .iter()
-                .find_map(|s| match &s.kind {
-                    StepKind::QuantGemm(g) if s.name == n => Some(&**g),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("{n} is no quantized GEMM: {:#?}", p.steps))
-        };
-        let (a, b, c) = (step("a"), step("b"), step("c"));
+        let (a, b, c) = (
+            quant_gemm(&p, "a"),
+            quant_gemm(&p, "b"),
+            quant_gemm(&p, "c"),
+        );
         let (copy, _) = a.y_copy.expect("a's output is quantized by a");
         assert!(
             a.y_scale.is_none() && b.xq_ready && b.xq == copy,
@@ -2792,26 +2766,18 @@ fn a_block_output_is_quantized_once_by_its_producer() {
             c.conv.is_some() && alt.xb.is_none() && dc.x == copy,
             "{c:?}"
         );
-        let mut cpu = CpuBackend::new(1)
-            .compile(&q, batch, Precision::Fp32)
-            .unwrap();
-        let x = random(cpu.input_mut().len(), 7);
-        cpu.input_mut().copy_from_slice(&x);
-        cpu.run().unwrap();
-        for pattern in [
-            vec![0],
-            vec![1],
-            vec![2],
-            vec![3],
-            vec![3, 0, 1],
-            vec![2, 3, 3],
-            vec![0, 2, 3],
-            vec![3, 1, 2],
-        ] {
-            let got = run_paths(&p, &x, &pattern);
-            let err = rel_l2(&got, cpu.output());
-            assert!(err < 1e-5, "{qtype} paths {pattern:?}: rel L2 {err:e}");
-        }
+        let (x, want) = cpu_reference(&q, batch, 7);
+        let patterns: [&[usize]; 8] = [
+            &[0],
+            &[1],
+            &[2],
+            &[3],
+            &[3, 0, 1],
+            &[2, 3, 3],
+            &[0, 2, 3],
+            &[3, 1, 2],
+        ];
+        assert_paths_compute(&p, &x, &want, &patterns, &qtype.to_string());
     }
 }
 
@@ -2876,17 +2842,9 @@ fn a_convolution_of_floats_takes_every_candidate() {
             panic!()
         };
         assert_eq!(p.storages[id].bytes, n);
-        let mut cpu = CpuBackend::new(1)
-            .compile(&q, batch, Precision::Fp32)
-            .unwrap();
-        let x = random(cpu.input_mut().len(), 303);
-        cpu.input_mut().copy_from_slice(&x);
-        cpu.run().unwrap();
-        for path in [0, 1, 2, 3, 5] {
-            let got = run_paths(&p, &x, &[path]);
-            let err = rel_l2(&got, cpu.output());
-            assert!(err < 1e-5, "{qtype} {pads:?} path {path}: rel L2 {err:e}");
-        }
+        let (x, want) = cpu_reference(&q, batch, 303);
+        let patterns: [&[usize]; 5] = [&[0], &[1], &[2], &[3], &[5]];
+        assert_paths_compute(&p, &x, &want, &patterns, &format!("{qtype} {pads:?}"));
     }
 }
 
