@@ -1180,10 +1180,8 @@ pub(crate) fn own_gemm_refusal(
             arch.0, arch.1, need.0, need.1
         ));
     }
-    let need = match (q.qtype, arch) {
-        (QuantType::Int8, (9, 0)) => kernels::QGEMM_WG_SHARED_BYTES,
-        _ => kernels::QGEMM_SHARED_BYTES,
-    };
+    let kernel = OwnKernel::for_device(q.qtype, arch);
+    let need = kernel.max_shared;
     if smem_optin < need {
         return Some(format!(
             "the device lets a block have {smem_optin} bytes of shared memory, the kernel needs {need}"
@@ -1195,51 +1193,78 @@ pub(crate) fn own_gemm_refusal(
             q.k, q.n
         ));
     }
-    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize)
-        || own_tiles(q, kernels::QGEMM_WG_ROWS, kernels::QGEMM_WG_COLS) > u32::MAX as usize
+    if [q.m, q.n, q.k].iter().any(|&d| d > i32::MAX as usize) || kernel.tiles(q) > u32::MAX as usize
     {
         return Some(format!("{}×{}×{} is too large for one grid", q.m, q.n, q.k));
     }
     None
 }
 
-/// The own kernel's blocks for `q`: one per `rows` × `cols` tile of the output.
-fn own_tiles(q: &QuantGemmStep, rows: usize, cols: usize) -> usize {
-    q.m.div_ceil(rows) * q.n.div_ceil(cols)
+/// The own kernel that runs a quantized product on a device: on compute capability 9.0 the
+/// int8 sums run on `wgmma` (`qgemm_i8_wg`, its module built for sm_90a wherever the own path
+/// is built: model/build.rs), elsewhere on `mma.sync` (`qgemm_i8`, `qgemm_f8`).
+struct OwnKernel {
+    name: &'static str,
+    /// Whether it is `qgemm_i8_wg`, whose shared memory depends on the product.
+    wgmma: bool,
+    /// The most dynamic shared memory a launch asks for.
+    max_shared: usize,
+    /// The output tile a block computes: rows, columns.
+    tile: (usize, usize),
+    /// Threads a block.
+    block: u32,
+}
+
+impl OwnKernel {
+    fn for_device(qtype: QuantType, arch: (i32, i32)) -> OwnKernel {
+        match (qtype, arch) {
+            (QuantType::Int8, (9, 0)) => OwnKernel {
+                name: "qgemm_i8_wg",
+                wgmma: true,
+                max_shared: kernels::QGEMM_WG_SHARED_BYTES,
+                tile: (kernels::QGEMM_WG_ROWS, kernels::QGEMM_WG_COLS),
+                block: kernels::QGEMM_WG_THREADS,
+            },
+            (qtype, _) => OwnKernel {
+                name: if qtype == QuantType::Int8 {
+                    "qgemm_i8"
+                } else {
+                    "qgemm_f8"
+                },
+                wgmma: false,
+                max_shared: kernels::QGEMM_SHARED_BYTES,
+                tile: (kernels::QGEMM_TILE, kernels::QGEMM_TILE),
+                block: BLOCK,
+            },
+        }
+    }
+
+    /// Its blocks for `q`: one per tile of the output.
+    fn tiles(&self, q: &QuantGemmStep) -> usize {
+        q.m.div_ceil(self.tile.0) * q.n.div_ceil(self.tile.1)
+    }
+
+    /// The dynamic shared memory of its launch for `q`: `qgemm_i8_wg`'s stages follow K and
+    /// it holds the residual's tile (bytes, or 16-bit floats).
+    fn shared(&self, q: &QuantGemmStep) -> usize {
+        if !self.wgmma {
+            return self.max_shared;
+        }
+        let residual_bytes = match (q.residual, q.residual_scale) {
+            (None, _) => 0,
+            (Some(_), Some(_)) => 1,
+            (Some(_), None) => 2,
+        };
+        kernels::qgemm_wg_shared_bytes(q.k, residual_bytes, self.tile.1)
+    }
 }
 
 /// The own kernel in place of the last two launches (the GEMM, the epilogue) of a GEMM path
 /// `rows_path`, which made `xq` (or found it made): one launch that also writes y's copy.
 fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<Vec<Launch>> {
     let int8 = q.qtype == QuantType::Int8;
-    // Hopper (its module built for sm_90a where the own path is forced: model/build.rs) runs
-    // the int8 sums on wgmma.
-    let residual_bytes = match (q.residual, q.residual_scale) {
-        (None, _) => 0,
-        (Some(_), Some(_)) => 1,
-        (Some(_), None) => 2,
-    };
-    let (func, shared, (rows, cols), block) = match (int8, rec.arch) {
-        (true, (9, 0)) => (
-            "qgemm_i8_wg",
-            kernels::qgemm_wg_shared_bytes(q.k, residual_bytes, kernels::QGEMM_WG_COLS),
-            (kernels::QGEMM_WG_ROWS, kernels::QGEMM_WG_COLS),
-            kernels::QGEMM_WG_THREADS,
-        ),
-        (true, _) => (
-            "qgemm_i8",
-            kernels::QGEMM_SHARED_BYTES,
-            (kernels::QGEMM_TILE, kernels::QGEMM_TILE),
-            BLOCK,
-        ),
-        (false, _) => (
-            "qgemm_f8",
-            kernels::QGEMM_SHARED_BYTES,
-            (kernels::QGEMM_TILE, kernels::QGEMM_TILE),
-            BLOCK,
-        ),
-    };
-    let half_module = rec.half_names.contains(&func);
+    let kernel = OwnKernel::for_device(q.qtype, rec.arch);
+    let half_module = rec.half_names.contains(&kernel.name);
     if let Some(why) = own_gemm_refusal(q, (rec.arch, rec.smem_optin), half_module) {
         return Err(EngineError::Runtime(why));
     }
@@ -1276,10 +1301,10 @@ fn own_gemm(rec: &Recorder, q: &QuantGemmStep, rows_path: &[Launch]) -> Result<V
     let (copy, cs) = q.y_copy.map_or((0, 1.0), |(c, s)| (rec.ptr(c), s));
     let mut l = rows_path[..tail].to_vec();
     l.push(Launch::Kernel {
-        func: rec.func(func),
-        grid: own_tiles(q, rows, cols) as u32,
-        block,
-        shared: shared as u32,
+        func: rec.func(kernel.name),
+        grid: kernel.tiles(q) as u32,
+        block: kernel.block,
+        shared: kernel.shared(q) as u32,
         args: vec![
             Arg::Ptr(xq),
             Arg::Ptr(w),
