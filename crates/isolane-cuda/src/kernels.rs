@@ -65,6 +65,9 @@ pub const KERNEL_NAMES: &[&str] = &[
     "im2col_b4",
     "qgemm_fallback",
     "dequantize_q8",
+    "pool2d_q8",
+    "pool2d_v_q8",
+    "cast_in_nhwc",
 ];
 
 /// The name of the module's kernel number `func` (the order the model loads them in:
@@ -469,6 +472,20 @@ __device__ float block_max(float v, float* sh) {
 extern "C" __global__ void cast_in(const float* __restrict__ x, T* __restrict__ y, long long n) {
     GRID_STRIDE(i, n) st(y, i, x[i]);
 }
+// cast_in writing channels last: pixel p of item b (p < hw) takes x[(b·c + ch)·hw + p] for
+// each channel ch into y[(b·hw + p)·c + ch]. 32-bit indices when the size allows it.
+template <typename I>
+__device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, I hw) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += (I)gridDim.x * blockDim.x) {
+        I b = i / hw, p = i - b * hw;
+        const float* xp = x + b * c * hw + p;
+        for (int ch = 0; ch < c; ++ch) st(y, i * c + ch, xp[ch * hw]);
+    }
+}
+extern "C" __global__ void cast_in_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int c, long long hw) {
+    if (pixels * c < 2147483647LL) cast_in_nhwc_body<int>(x, y, (int)pixels, c, (int)hw);
+    else cast_in_nhwc_body<long long>(x, y, pixels, c, hw);
+}
 extern "C" __global__ void cast_out(const T* __restrict__ x, float* __restrict__ y, long long n) {
     GRID_STRIDE(i, n) y[i] = ld(x, i);
 }
@@ -746,7 +763,21 @@ __device__ __forceinline__ const T* window_out(const T* x, long long i, const P&
 
 // xs / ys: strides of x and y along (n, c, h, w): NCHW or NHWC storage alike.
 struct PoolP { int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, max, include_pad; long long xs[4], ys[4]; };
-extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
+__device__ __forceinline__ signed char q8_byte(float v, float s, int fp8);
+// A pooled value stored: as T, or (Q) as the byte quantize_q8 makes of that T by s, for
+// quantized GEMMs that read the pool's output as bytes only (crate::plan::PoolStep::y_quant).
+template <bool Q>
+__device__ __forceinline__ void pool_store(void* y, long long i, float v, float s, int fp8) {
+    if (Q) {
+        T t;
+        st(&t, 0, v);
+        ((signed char*)y)[i] = q8_byte(ld(&t, 0), s, fp8);
+    } else {
+        st((T*)y, i, v);
+    }
+}
+template <bool Q>
+__device__ __forceinline__ void pool2d_body(const T* __restrict__ x, void* __restrict__ y, const PoolP& p, float s, int fp8) {
     long long total = (long long)p.n * p.c * p.oh * p.ow;
     GRID_STRIDE(i, total) {
         int oh, ow;
@@ -774,13 +805,20 @@ extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, Po
             }
             acc = div > 0 ? acc / (float)div : 0.f;
         }
-        st(y, yo, acc);
+        pool_store<Q>(y, yo, acc, s, fp8);
     }
+}
+extern "C" __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
+    pool2d_body<false>(x, y, p, 1.f, 0);
+}
+extern "C" __global__ void pool2d_q8(const T* __restrict__ x, signed char* __restrict__ y, PoolP p, float s, int fp8) {
+    pool2d_body<true>(x, y, p, s, fp8);
 }
 
 // pool2d over NHWC values, VW channels per thread (16-byte loads), 32-bit indices: C a
 // multiple of VW, x and y 16-byte aligned, n · oh · ow · C / VW below 2^31 (the Rust side checks).
-extern "C" __global__ void pool2d_v(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
+template <bool Q>
+__device__ __forceinline__ void pool2d_v_body(const T* __restrict__ x, void* __restrict__ y, const PoolP& p, float s, int fp8) {
     int cv = p.c / VW;
     int total = p.n * p.oh * p.ow * cv;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -814,8 +852,29 @@ extern "C" __global__ void pool2d_v(const T* __restrict__ x, T* __restrict__ y, 
 #pragma unroll
             for (int j = 0; j < VW; ++j) acc[j] = div > 0 ? acc[j] / (float)div : 0.f;
         }
-        stv(y, n * p.ys[0] + c + oh * p.ys[2] + ow * p.ys[3], acc);
+        long long yo = n * p.ys[0] + c + oh * p.ys[2] + ow * p.ys[3];
+        if (Q) {
+            // VW bytes, one 4- or 8-byte store (yo a multiple of VW).
+            unsigned w[VW / 4];
+#pragma unroll
+            for (int j = 0; j < VW; ++j) {
+                T t;
+                st(&t, 0, acc[j]);
+                unsigned b = (unsigned char)q8_byte(ld(&t, 0), s, fp8);
+                w[j / 4] = (j % 4 == 0 ? 0u : w[j / 4]) | (b << (8 * (j % 4)));
+            }
+            if (VW == 8) *(uint2*)((signed char*)y + yo) = make_uint2(w[0], w[VW / 4 - 1]);
+            else *(unsigned*)((signed char*)y + yo) = w[0];
+        } else {
+            stv((T*)y, yo, acc);
+        }
     }
+}
+extern "C" __global__ void pool2d_v(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
+    pool2d_v_body<false>(x, y, p, 1.f, 0);
+}
+extern "C" __global__ void pool2d_v_q8(const T* __restrict__ x, signed char* __restrict__ y, PoolP p, float s, int fp8) {
+    pool2d_v_body<true>(x, y, p, s, fp8);
 }
 
 // ONNX Resize on H and W: the same f32 operations as isolane-engine's ResizeAttrs::source, so
@@ -1150,13 +1209,14 @@ __device__ __forceinline__ unsigned char e4m3_bits(float r) {
 // The activations of an int8 / fp8 GEMM quantized (crate::int8::quantize_reference): x / s by
 // one IEEE division, then round half to even saturated to [-128, 127] (int8; NaN, which int8
 // cannot hold, to 0), or onto e4m3fn's grid saturated to +-448, stored as its byte (fp8).
+__device__ __forceinline__ signed char q8_byte(float x, float s, int fp8) {
+    float v = __fdiv_rn(x, s);
+    if (fp8) return (signed char)e4m3_bits(round_e4m3fn(v, 1));
+    return v != v ? (signed char)0 : (signed char)fminf(fmaxf(rintf(v), -128.f), 127.f);
+}
 extern "C" __global__ void quantize_q8(const T* __restrict__ x, signed char* __restrict__ q, float s,
                                        long long n, int fp8) {
-    GRID_STRIDE(i, n) {
-        float v = __fdiv_rn(ld(x, i), s);
-        if (fp8) ((unsigned char*)q)[i] = e4m3_bits(round_e4m3fn(v, 1));
-        else q[i] = v != v ? (signed char)0 : (signed char)fminf(fmaxf(rintf(v), -128.f), 127.f);
-    }
+    GRID_STRIDE(i, n) q[i] = q8_byte(ld(x, i), s, fp8);
 }
 
 // The value of e4m3fn byte b (NaN for 0x7f / 0xff).

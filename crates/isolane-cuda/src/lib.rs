@@ -59,7 +59,9 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 /// 6: session 33 (on compute capability 9.0 the own int8 kernel, rewritten, is timed with the
 ///    other candidates by default and picked where faster; a saved plan of 5 is refused, its
 ///    own launches are not this kernel's).
-pub const ENGINE_REVISION: u32 = 6;
+/// 7: session 34 (a pool read only by quantized products writes their bytes: a calibrated
+///    resnet's plan has other steps and buffers; a saved plan of 6 is refused).
+pub const ENGINE_REVISION: u32 = 7;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

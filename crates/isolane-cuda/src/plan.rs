@@ -294,11 +294,14 @@ impl ConvStep {
 /// What one step does. Operands are [`Loc`]s; sizes are in elements.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepKind {
-    /// f32 staging buffer → activation dtype (graph inputs).
+    /// f32 staging buffer → activation dtype (graph inputs; at fp32 only to reorder them).
     CastIn {
         x: Loc,
         y: Loc,
         n: usize,
+        /// `(C, H·W)` where y is written channels last: each item's `[C, H·W]` planes become
+        /// `[H·W, C]` rows, as its convolutions read it (no layout copy after the cast).
+        nhwc: Option<(usize, usize)>,
     },
     /// activation dtype → f32 staging buffer (graph outputs).
     CastOut {
@@ -1272,14 +1275,18 @@ impl<'g> Planner<'g> {
     }
 
     /// Time 0: inputs arrive (staging f32 storages) and are cast to the activation dtype.
-    fn stage_inputs(&mut self, dtype: DType) -> Vec<Io> {
+    fn stage_inputs(&mut self, dtype: DType, pat: &Patterns) -> Vec<Io> {
         let (g, es) = (self.g, self.es);
         let p = self;
         let mut inputs = Vec::new();
         for &i in &g.inputs {
             let n = p.numel(i);
             let staging = p.new_storage(n * 4);
-            let st = if dtype == DType::F32 {
+            let nhwc = p.read_channels_last(i, pat).then(|| {
+                p.nhwc[i] = true;
+                (p.shapes[i][1], p.shapes[i][2] * p.shapes[i][3])
+            });
+            let st = if dtype == DType::F32 && nhwc.is_none() {
                 staging
             } else {
                 let s = p.new_storage(n * es);
@@ -1292,6 +1299,7 @@ impl<'g> Planner<'g> {
                         },
                         y: Loc::Storage { id: s, offset: 0 },
                         n,
+                        nhwc,
                     },
                 );
                 s
@@ -1303,6 +1311,42 @@ impl<'g> Planner<'g> {
             });
         }
         inputs
+    }
+
+    /// Whether input `v` is read only channels last: a 4-D image (several channels and
+    /// pixels) whose readers are convolutions of the channels-last plan, directly or through a
+    /// per-tensor FakeQuant (a quantized model's stem), which keeps the layout. Its cast then
+    /// writes NHWC (a CNN's input: one pass instead of a cast and a layout copy).
+    fn read_channels_last(&self, v: usize, pat: &Patterns) -> bool {
+        let g = self.g;
+        let sh = &self.shapes[v];
+        let conv_of = |u: usize, x: usize| {
+            matches!(g.nodes[u].op, Op::Conv(_))
+                && g.nodes[u].inputs[0] == x
+                && g.nodes[u].inputs[1..].iter().all(|&i| i != x)
+        };
+        let reads_nhwc = |u: usize| {
+            if conv_of(u, v) {
+                return true;
+            }
+            let n = &g.nodes[u];
+            let Op::FakeQuant(fq) = &n.op else {
+                return false;
+            };
+            let y = n.outputs[0];
+            fq.scales.len() == 1
+                && n.inputs[0] == v
+                && !pat.is_output[y]
+                && !pat.users_of[y].is_empty()
+                && pat.users_of[y].iter().all(|&r| conv_of(r, y))
+        };
+        self.opts.channels_last
+            && sh.len() == 4
+            && sh[1] > 1
+            && sh[2] * sh[3] > 1
+            && !pat.is_output[v]
+            && !pat.users_of[v].is_empty()
+            && pat.users_of[v].iter().all(|&u| reads_nhwc(u))
     }
 
     /// Outputs: cast (or copy) into their own f32 staging storage, alive to the end (`end`).
@@ -1348,8 +1392,8 @@ pub fn plan(g: &Graph, batch: usize, precision: Precision) -> Result<Plan> {
 pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOptions) -> Result<Plan> {
     let dtype = DType::of(precision);
     let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
-    let inputs = p.stage_inputs(dtype);
     let pat = Patterns::find(g, &p.shapes, opts);
+    let inputs = p.stage_inputs(dtype, &pat);
     p.find_quant_gemms(&pat);
     let fq_skip = p.fq_skip.clone();
     for (ni, n) in g.nodes.iter().enumerate() {
@@ -1591,6 +1635,10 @@ pub struct PoolStep {
     pub count_include_pad: bool,
     /// x and y stored NHWC.
     pub nhwc: bool,
+    /// y holds the pooled values quantized (scale, type: the bytes the quantize kernel makes
+    /// of the stored values) instead of the values: only quantized GEMMs read them
+    /// ([`Planner::pooled_bytes`]).
+    pub y_quant: Option<(f32, QuantType)>,
 }
 
 /// The fields of [`StepKind::Resize`].

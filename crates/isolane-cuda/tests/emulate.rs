@@ -187,7 +187,19 @@ fn run(p: &Plan, input: &[f32]) -> Vec<f32> {
 /// One step, with the semantics the GPU kernels and libraries have.
 fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
     match &step.kind {
-        StepKind::CastIn { x, y, n } | StepKind::CastOut { x, y, n } => {
+        StepKind::CastIn {
+            x,
+            y,
+            n,
+            nhwc: Some((c, hw)),
+        } => {
+            for i in 0..*n {
+                let (b, ch, px) = (i / (c * hw), i / hw % c, i % hw);
+                let v = m.get(*x, i);
+                m.set(*y, (b * hw + px) * c + ch, v);
+            }
+        }
+        StepKind::CastIn { x, y, n, .. } | StepKind::CastOut { x, y, n } => {
             for i in 0..*n {
                 let v = m.get(*x, i);
                 m.set(*y, i, v);
@@ -474,10 +486,12 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             dilations,
             count_include_pad,
             nhwc,
+            y_quant,
         }) => {
             let [n, c, h, w] = *x_shape;
             let xs = s4(x_shape, *nhwc);
             let ys = s4(&[n, c, out_hw[0], out_hw[1]], *nhwc);
+            let mut pooled = vec![0f32; n * c * out_hw[0] * out_hw[1]];
             for b in 0..n {
                 for ch in 0..c {
                     for oy in 0..out_hw[0] {
@@ -524,8 +538,23 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
                                 };
                                 acc = if div > 0.0 { acc / div } else { 0.0 };
                             }
-                            m.set(*y, b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3], acc);
+                            pooled[b * ys[0] + ch * ys[1] + oy * ys[2] + ox * ys[3]] = acc;
                         }
+                    }
+                }
+            }
+            match y_quant {
+                // The bytes the quantize kernel makes of the values (pool2d_q8).
+                Some((s, qtype)) => {
+                    let bytes = pooled
+                        .iter()
+                        .map(|&v| isolane_engine::quant::quantize(v, *s, 0.0, *qtype, true) as f64)
+                        .collect();
+                    m.quantized.insert(storage_id(*y), bytes);
+                }
+                None => {
+                    for (i, v) in pooled.into_iter().enumerate() {
+                        m.set(*y, i, v);
                     }
                 }
             }
@@ -2257,8 +2286,17 @@ fn quant_cnn_plan_with(
     batch: usize,
     residual_skips: bool,
 ) -> (Graph, Plan) {
+    calibrated_plan(&common::quant_cnn(), qtype, batch, residual_skips)
+}
+
+/// `g` (a 3 × 12 × 12 input) calibrated by min-max on seeded inputs, and its plan at fp32.
+fn calibrated_plan(
+    g: &Graph,
+    qtype: isolane_engine::quant::QuantType,
+    batch: usize,
+    residual_skips: bool,
+) -> (Graph, Plan) {
     use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
-    let g = common::quant_cnn();
     let samples: Vec<Vec<Tensor>> = (0..3)
         .map(|s| vec![Tensor::new(vec![batch, 3, 12, 12], random(batch * 432, 90 + s)).unwrap()])
         .collect();
@@ -2268,9 +2306,68 @@ fn quant_cnn_plan_with(
         residual_skips,
         ..Default::default()
     };
-    let q = quantize_model(&g, batch, &samples, &opts).unwrap().graph;
+    let q = quantize_model(g, batch, &samples, &opts).unwrap().graph;
     let p = plan::plan_with(&q, batch, Precision::Fp32, PlanOptions::default()).unwrap();
     (q, p)
+}
+
+/// A pool whose only readers are quantized GEMMs (resnet's max pool before its first block)
+/// writes the bytes they read, not floats for them to quantize: the pool step holds the
+/// readers' scale, both readers take its bytes (a direct GEMM reads them in place, a 3×3's
+/// im2col copies them), and no quantize of them runs anywhere. Every candidate, alone and
+/// mixed, computes what the CPU backend computes from the QDQ graph (int8 and fp8, max and
+/// average pools). Where the pool is also a graph output it stays in floats.
+#[test]
+fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
+    use isolane_engine::quant::QuantType;
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        for (first, max, batch) in [(1, true, 1), (3, true, 2), (1, false, 2)] {
+            let what = format!("{qtype} first {first}×{first} max {max} batch {batch}");
+            let g = common::pooled_quant_cnn(first, max);
+            let (q, p) = calibrated_plan(&g, qtype, batch, true);
+            let pool = p
+                .steps
+                .iter()
+                .find_map(|s| match &s.kind {
+                    StepKind::Pool(pool) => Some(pool),
+                    _ => None,
+                })
+                .expect("a pool step");
+            let (a, d) = (quant_gemm(&p, "a"), quant_gemm(&p, "d"));
+            assert_eq!(pool.y_quant, Some((a.x_scale, qtype)), "{what}: {pool:?}");
+            assert!(pool.nhwc, "{what}");
+            for r in [a, d] {
+                assert!(r.x_quantized && r.x == pool.y, "{what}: {r:?}");
+            }
+            assert_eq!(a.conv.is_some(), first == 3, "{what}");
+            if first == 1 {
+                // Both direct: they read the pool's bytes in place.
+                assert!(a.xq == pool.y && d.xq == pool.y, "{what}");
+            }
+            let fake_quants = p
+                .steps
+                .iter()
+                .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
+                .count();
+            assert_eq!(fake_quants, 1, "{what}: only the stem's input");
+            let (x, want) = cpu_reference(&q, batch, 6);
+            // Not 4, the plain float step: it reads x unquantized on purpose.
+            let patterns: [&[usize]; 7] =
+                [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
+            assert_paths_compute(&p, &x, &want, &patterns, &what);
+        }
+    }
+    // A pool that is also an output keeps its floats (the readers quantize them).
+    let mut g = common::pooled_quant_cnn(1, true);
+    let pool_out = g.nodes.iter().find(|n| n.name == "pool").unwrap().outputs[0];
+    g.add_output(pool_out).unwrap();
+    let (_, p) = calibrated_plan(&g, QuantType::Int8, 1, true);
+    let pooled_bytes = p
+        .steps
+        .iter()
+        .any(|s| matches!(&s.kind, StepKind::Pool(pool) if pool.y_quant.is_some()));
+    assert!(!pooled_bytes, "a pool that is an output writes floats");
+    assert!(!quant_gemm(&p, "a").x_quantized);
 }
 
 /// Quantized products plan into QuantGemm steps (direct 1×1, im2col, Linear; the 3-channel
@@ -3098,4 +3195,47 @@ fn the_qdq_digits_plan_passes_the_check_at_batch_360() {
         "{r:?}"
     );
     assert!(q > 0.0 && q < 1e-2, "{r:?}");
+}
+
+/// A CNN's input is cast straight into the channels-last layout its first convolution reads
+/// (one pass, no layout copy after it), also at fp32, where the cast only reorders; and the
+/// emulated plan computes what the CPU backend does. An input that something else reads too
+/// keeps its order (here a ReLU of the input, a second output).
+#[test]
+fn a_cnn_input_is_cast_channels_last_once() {
+    let layout_copies = |p: &Plan| {
+        p.steps
+            .iter()
+            .filter(|s| s.name.ends_with("(to NHWC)"))
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let g = common::quant_cnn();
+    let batch = 2;
+    let p = plan::plan(&g, batch, Precision::Fp32).unwrap();
+    match &p.steps[0].kind {
+        StepKind::CastIn { nhwc, n, .. } => {
+            assert_eq!(*nhwc, Some((3, 144)));
+            assert_eq!(*n, batch * 3 * 144);
+        }
+        other => panic!("the first step: {other:?}"),
+    }
+    assert!(!layout_copies(&p).iter().any(|n| n.starts_with("c1")), "{:?}", layout_copies(&p));
+    let x = random(batch * 432, 3);
+    let mut cpu = CpuBackend::new(1).compile(&g, batch, Precision::Fp32).unwrap();
+    cpu.input_mut().copy_from_slice(&x);
+    cpu.run().unwrap();
+    let err = rel_l2(&run(&p, &x), cpu.output());
+    assert!(err < 1e-5, "rel L2 {err:e}");
+
+    let mut g = common::quant_cnn();
+    let x_in = g.inputs[0];
+    let r = g.add_op("also", Op::Unary(Unary::Relu), &[x_in]).unwrap();
+    g.add_output(r).unwrap();
+    let p = plan::plan(&g, batch, Precision::Fp32).unwrap();
+    assert!(
+        !p.steps.iter().any(|s| matches!(s.kind, StepKind::CastIn { .. })),
+        "fp32 in its own order needs no cast"
+    );
+    assert_eq!(layout_copies(&p).len(), 1, "{:?}", layout_copies(&p));
 }

@@ -184,7 +184,18 @@ pub(super) fn record_step(
     let err = |e: EngineError| e.at_node(&step.name);
     let es = rec.es;
     match &step.kind {
-        StepKind::CastIn { x, y, n } => m.launches.push(cast_launch(rec, "cast_in", *x, *y, *n)),
+        StepKind::CastIn {
+            x,
+            y,
+            n,
+            nhwc: None,
+        } => m.launches.push(cast_launch(rec, "cast_in", *x, *y, *n)),
+        StepKind::CastIn {
+            x,
+            y,
+            n,
+            nhwc: Some((c, hw)),
+        } => m.launches.push(cast_in_nhwc(rec, [*x, *y], *n, *c, *hw)),
         StepKind::CastOut { x, y, n } => m.launches.push(cast_launch(rec, "cast_out", *x, *y, *n)),
         StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
@@ -353,6 +364,25 @@ pub(super) fn cast_launch(rec: &Recorder, kernel: &str, x: Loc, y: Loc, n: usize
             Arg::Ptr(rec.ptr(x)),
             Arg::Ptr(rec.ptr(y)),
             Arg::I64(n as i64),
+        ],
+    }
+}
+
+/// The input cast that writes channels last: one thread a pixel, its `c` values read from
+/// `c` planes of `hw` (each coalesced across a warp) and stored side by side.
+fn cast_in_nhwc(rec: &Recorder, [x, y]: [Loc; 2], n: usize, c: usize, hw: usize) -> Launch {
+    let pixels = n / c;
+    Launch::Kernel {
+        func: rec.func("cast_in_nhwc"),
+        grid: elementwise_grid(pixels),
+        block: BLOCK,
+        shared: 0,
+        args: vec![
+            Arg::Ptr(rec.ptr(x)),
+            Arg::Ptr(rec.ptr(y)),
+            Arg::I64(pixels as i64),
+            Arg::I32(c as i32),
+            Arg::I64(hw as i64),
         ],
     }
 }
@@ -582,6 +612,7 @@ pub(super) fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
         dilations,
         count_include_pad,
         nhwc,
+        y_quant,
     } = pool;
     let v = [
         x_shape[0],
@@ -609,25 +640,31 @@ pub(super) fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
         && x_shape[1].is_multiple_of(lanes)
         && n / lanes <= i32::MAX as usize
         && vec_aligned(&[rec.ptr(*x), rec.ptr(*y)]);
-    let (func, threads) = if vector {
-        ("pool2d_v", n / lanes)
-    } else {
-        ("pool2d", n)
+    let (func, threads) = match (vector, y_quant.is_some()) {
+        (true, false) => ("pool2d_v", n / lanes),
+        (true, true) => ("pool2d_v_q8", n / lanes),
+        (false, false) => ("pool2d", n),
+        (false, true) => ("pool2d_q8", n),
     };
+    let mut args = vec![
+        Arg::Ptr(rec.ptr(*x)),
+        Arg::Ptr(rec.ptr(*y)),
+        Arg::Pool(Box::new(PoolP {
+            v: vi,
+            xs: strides4(x_shape, *nhwc),
+            ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
+        })),
+    ];
+    if let Some((s, qtype)) = y_quant {
+        args.push(Arg::F32(*s));
+        args.push(Arg::I32((*qtype != isolane_engine::quant::QuantType::Int8) as i32));
+    }
     m.launches.push(Launch::Kernel {
         func: rec.func(func),
         grid: elementwise_grid(threads),
         block: BLOCK,
         shared: 0,
-        args: vec![
-            Arg::Ptr(rec.ptr(*x)),
-            Arg::Ptr(rec.ptr(*y)),
-            Arg::Pool(Box::new(PoolP {
-                v: vi,
-                xs: strides4(x_shape, *nhwc),
-                ys: strides4(&[x_shape[0], x_shape[1], out_hw[0], out_hw[1]], *nhwc),
-            })),
-        ],
+        args,
     });
 }
 

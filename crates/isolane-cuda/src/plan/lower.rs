@@ -48,7 +48,7 @@ impl Planner<'_> {
             } => p.lower_gather(c, axis, indices, indices_shape),
             Op::LayerNorm { axis, eps } => p.lower_layer_norm(c, axis, eps),
             Op::Softmax { axis } => p.lower_softmax(c, axis),
-            Op::MaxPool(pa) | Op::AveragePool(pa) => p.lower_pool(c, pa),
+            Op::MaxPool(pa) | Op::AveragePool(pa) => p.lower_pool(c, pa, pat),
             Op::Resize(r) => p.lower_resize(c, r),
             Op::GlobalAveragePool => p.lower_global_average_pool(c),
             Op::AdaptiveAvgPool { output } => p.lower_adaptive_average_pool(c, output),

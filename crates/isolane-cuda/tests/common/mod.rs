@@ -2,8 +2,8 @@
 //! that exercise one op in every mode.
 
 use isolane_engine::ir::{
-    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, ReduceKind, ResizeAttrs, ResizeMode,
-    ResizeSize, Tensor, Unary,
+    Binary, ConvAttrs, CoordMode, Dim, Graph, NearestMode, Op, PoolAttrs, ReduceKind, ResizeAttrs,
+    ResizeMode, ResizeSize, Tensor, Unary,
 };
 
 /// A file of tests/data: beside the sources when the test runs where it was built, else from
@@ -346,6 +346,83 @@ pub fn quant_cnn() -> Graph {
     let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
     let lin = Op::Linear { activation: None };
     let y = g.add_op("fc", lin, &[h, wl, bl]).unwrap();
+    g.add_output(y).unwrap();
+    g
+}
+
+/// A small CNN with resnet's entry: a 3×3 convolution on 3 channels (K = 27: not quantized),
+/// a 3×3 stride-2 pool (`max`, else an average), then a bottleneck block whose two readers of
+/// the pool are quantized GEMMs: `a` (16 → 16, a `first` × `first` kernel: 1 a direct GEMM,
+/// 3 an im2col) and the downsample `d` (1×1, 16 → 32), `b` (1×1, 16 → 32) summed with `d`,
+/// a ReLU, a global pool and a Linear (32 → 16).
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn pooled_quant_cnn(first: usize, max: bool) -> Graph {
+    let mut g = Graph::new("pooled_quant_cnn");
+    let x = g.add_input(
+        "x",
+        vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
+    );
+    let mut seed = 170;
+    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    };
+    let conv = |pad: usize, activation: Option<Unary>| {
+        Op::Conv(ConvAttrs {
+            pads: [pad; 4],
+            activation,
+            ..Default::default()
+        })
+    };
+    let (w1, b1) = (
+        w(&mut g, "w1", vec![16, 3, 3, 3], 0.4),
+        w(&mut g, "b1", vec![16], 0.1),
+    );
+    let (wa, ba) = (
+        w(&mut g, "wa", vec![16, 16, first, first], 0.3 / first as f32),
+        w(&mut g, "ba", vec![16], 0.1),
+    );
+    let (wd, bd) = (
+        w(&mut g, "wd", vec![32, 16, 1, 1], 0.3),
+        w(&mut g, "bd", vec![32], 0.1),
+    );
+    let (wb, bb) = (
+        w(&mut g, "wb", vec![32, 16, 1, 1], 0.3),
+        w(&mut g, "bb", vec![32], 0.1),
+    );
+    let (wl, bl) = (
+        w(&mut g, "wl", vec![16, 32], 0.3),
+        w(&mut g, "bl", vec![16], 0.1),
+    );
+    let h = g
+        .add_op("c1", conv(1, Some(Unary::Relu)), &[x, w1, b1])
+        .unwrap();
+    let pa = PoolAttrs {
+        kernel: [3, 3],
+        strides: [2, 2],
+        pads: [1; 4],
+        ..Default::default()
+    };
+    let pool = if max {
+        Op::MaxPool(pa)
+    } else {
+        Op::AveragePool(pa)
+    };
+    let p = g.add_op("pool", pool, &[h]).unwrap();
+    let a = g
+        .add_op("a", conv(first / 2, Some(Unary::Relu)), &[p, wa, ba])
+        .unwrap();
+    let d = g.add_op("d", conv(0, None), &[p, wd, bd]).unwrap();
+    let b = g.add_op("b", conv(0, None), &[a, wb, bb]).unwrap();
+    let h = g.add_op("add", Op::Binary(Binary::Add), &[b, d]).unwrap();
+    let h = g.add_op("relu", Op::Unary(Unary::Relu), &[h]).unwrap();
+    let h = g.add_op("gap", Op::GlobalAveragePool, &[h]).unwrap();
+    let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();
+    let y = g
+        .add_op("fc", Op::Linear { activation: None }, &[h, wl, bl])
+        .unwrap();
     g.add_output(y).unwrap();
     g
 }

@@ -5,7 +5,14 @@ use crate::plan::*;
 
 impl Planner<'_> {
     /// Lowers `Op::MaxPool(pa) | Op::AveragePool(pa)`.
-    pub(in crate::plan) fn lower_pool(&mut self, c: &NodeCtx, pa: &PoolAttrs) -> Result<Lowered> {
+    /// The pool writes bytes only where quantized GEMMs alone read its output
+    /// ([`Planner::pooled_bytes`]).
+    pub(in crate::plan) fn lower_pool(
+        &mut self,
+        c: &NodeCtx,
+        pa: &PoolAttrs,
+        pat: &Patterns,
+    ) -> Result<Lowered> {
         let p = self;
         let (n, name, in_shapes, outs, out_shape, x0) =
             (c.n, c.name, &c.in_shapes, &c.outs, &c.out_shape, c.x0);
@@ -29,7 +36,20 @@ impl Planner<'_> {
         }
         let xl = p.raw(x0, name)?;
         let keep = p.nhwc[x0];
-        let y = p.output(outs[0], keep);
+        let y_quant = p.pooled_bytes(outs[0], keep, pat);
+        let y = match y_quant {
+            Some((s, t)) => {
+                // No float storage (nothing else reads the values), so no probe either.
+                let l = Loc::Storage {
+                    id: p.new_storage(out_shape.iter().product()),
+                    offset: 0,
+                };
+                p.quantized_of[outs[0]] = Some((l, s, t, keep));
+                p.def_t[outs[0]] = p.t;
+                l
+            }
+            None => p.output(outs[0], keep),
+        };
         p.push(
             name,
             StepKind::Pool(PoolStep {
@@ -44,6 +64,7 @@ impl Planner<'_> {
                 dilations: pa.dilations,
                 count_include_pad: pa.count_include_pad,
                 nhwc: keep,
+                y_quant,
             }),
         );
         Ok(Lowered::Steps)

@@ -706,8 +706,37 @@ impl Planner<'_> {
         nhwc: bool,
         pat: &Patterns,
     ) -> Option<(f32, QuantType)> {
-        let g = self.g;
         let producer_type = self.quant[ni].as_ref()?.qtype;
+        self.bytes_only(v, nhwc, pat)
+            .filter(|&(_, t)| t == producer_type)
+    }
+
+    /// Whether pool output `v` (stored NHWC when `nhwc`) can be written as bytes only, for
+    /// quantized GEMMs ([`PoolStep::y_quant`]), as [`Planner::quantized_output`] asks of a
+    /// quantized product: so the pool writes a quarter of fp32's bytes (half of fp16's) and
+    /// no quantize kernel runs after it (resnet's max pool before its first block). Int8 and
+    /// e4m3 at zero point 0; returns the FakeQuant's scale and type.
+    pub(in crate::plan) fn pooled_bytes(
+        &self,
+        v: usize,
+        nhwc: bool,
+        pat: &Patterns,
+    ) -> Option<(f32, QuantType)> {
+        let (s, t) = self.bytes_only(v, nhwc, pat)?;
+        let Op::FakeQuant(fq) = &self.g.nodes[pat.users_of[v][0]].op else {
+            return None;
+        };
+        let symmetric = fq.zero_points.iter().all(|&z| z == 0.0);
+        let byte = matches!(t, QuantType::Int8 | QuantType::Float8E4M3Fn);
+        (symmetric && byte && s > 0.0 && s.is_finite()).then_some((s, t))
+    }
+
+    /// The scale and type at which value `v` (NHWC when `nhwc`) can be stored as bytes only:
+    /// its one reader is a per-tensor FakeQuant that emits nothing, and every reader of that
+    /// reads its bytes as they would be laid out (a convolution's symmetric pads and whole
+    /// 4-byte channel groups for its im2col, a Linear's rows).
+    fn bytes_only(&self, v: usize, nhwc: bool, pat: &Patterns) -> Option<(f32, QuantType)> {
+        let g = self.g;
         if pat.is_output[v] || pat.users_of[v].len() != 1 {
             return None;
         }
@@ -716,7 +745,7 @@ impl Planner<'_> {
             return None;
         };
         let fv = g.nodes[f].outputs[0];
-        if !self.fq_skip[f] || fq.qtype != producer_type || fq.scales.len() != 1 {
+        if !self.fq_skip[f] || fq.scales.len() != 1 {
             return None;
         }
         let channels = *self.shapes[v].last()?;
