@@ -2352,8 +2352,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
             assert_eq!(fake_quants, 1, "{what}: only the stem's input");
             let (x, want) = cpu_reference(&q, batch, 6);
             // Not 4, the plain float step: it reads x unquantized on purpose.
-            let patterns: [&[usize]; 7] =
-                [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
+            let patterns: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
             assert_paths_compute(&p, &x, &want, &patterns, &what);
         }
     }
@@ -3220,9 +3219,15 @@ fn a_cnn_input_is_cast_channels_last_once() {
         }
         other => panic!("the first step: {other:?}"),
     }
-    assert!(!layout_copies(&p).iter().any(|n| n.starts_with("c1")), "{:?}", layout_copies(&p));
+    assert!(
+        !layout_copies(&p).iter().any(|n| n.starts_with("c1")),
+        "{:?}",
+        layout_copies(&p)
+    );
     let x = random(batch * 432, 3);
-    let mut cpu = CpuBackend::new(1).compile(&g, batch, Precision::Fp32).unwrap();
+    let mut cpu = CpuBackend::new(1)
+        .compile(&g, batch, Precision::Fp32)
+        .unwrap();
     cpu.input_mut().copy_from_slice(&x);
     cpu.run().unwrap();
     let err = rel_l2(&run(&p, &x), cpu.output());
@@ -3234,7 +3239,9 @@ fn a_cnn_input_is_cast_channels_last_once() {
     g.add_output(r).unwrap();
     let p = plan::plan(&g, batch, Precision::Fp32).unwrap();
     assert!(
-        !p.steps.iter().any(|s| matches!(s.kind, StepKind::CastIn { .. })),
+        !p.steps
+            .iter()
+            .any(|s| matches!(s.kind, StepKind::CastIn { .. })),
         "fp32 in its own order needs no cast"
     );
     assert_eq!(layout_copies(&p).len(), 1, "{:?}", layout_copies(&p));

@@ -657,7 +657,9 @@ pub(super) fn record_pool(m: &mut CudaModel, rec: &Recorder, pool: &PoolStep) {
     ];
     if let Some((s, qtype)) = y_quant {
         args.push(Arg::F32(*s));
-        args.push(Arg::I32((*qtype != isolane_engine::quant::QuantType::Int8) as i32));
+        args.push(Arg::I32(
+            (*qtype != isolane_engine::quant::QuantType::Int8) as i32,
+        ));
     }
     m.launches.push(Launch::Kernel {
         func: rec.func(func),
