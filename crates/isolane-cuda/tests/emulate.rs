@@ -2316,7 +2316,8 @@ fn calibrated_plan(
 /// readers' scale, both readers take its bytes (a direct GEMM reads them in place, a 3×3's
 /// im2col copies them), and no quantize of them runs anywhere. Every candidate, alone and
 /// mixed, computes what the CPU backend computes from the QDQ graph (int8 and fp8, max and
-/// average pools). Where the pool is also a graph output it stays in floats.
+/// average pools, and resnet18's block whose skip is the pool's output). Where the pool is also
+/// a graph output it stays in floats.
 #[test]
 fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
     use isolane_engine::quant::QuantType;
@@ -2352,6 +2353,33 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
             assert_eq!(fake_quants, 1, "{what}: only the stem's input");
             let (x, want) = cpu_reference(&q, batch, 6);
             // Not 4, the plain float step: it reads x unquantized on purpose.
+            let patterns: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
+            assert_paths_compute(&p, &x, &want, &patterns, &what);
+        }
+    }
+    // resnet18's first block: the pool's output is also the skip `b` adds (quantized, as
+    // calibration quantizes skips by default), read as bytes.
+    for qtype in [QuantType::Int8, QuantType::Float8E4M3Fn] {
+        for (first, batch) in [(3, 1), (1, 2)] {
+            let what = format!("{qtype} skip from the pool, first {first}×{first} batch {batch}");
+            let (q, p) = calibrated_plan(&common::pooled_skip_cnn(first), qtype, batch, true);
+            let pool = p
+                .steps
+                .iter()
+                .find_map(|s| match &s.kind {
+                    StepKind::Pool(pool) => Some(pool),
+                    _ => None,
+                })
+                .expect("a pool step");
+            let (a, b) = (quant_gemm(&p, "a"), quant_gemm(&p, "b"));
+            assert_eq!(pool.y_quant, Some((a.x_scale, qtype)), "{what}: {pool:?}");
+            assert!(a.x_quantized && a.x == pool.y, "{what}: {a:?}");
+            assert_eq!(
+                (b.residual, b.residual_scale),
+                (Some(pool.y), Some(a.x_scale)),
+                "{what}: {b:?}"
+            );
+            let (x, want) = cpu_reference(&q, batch, 7);
             let patterns: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
             assert_paths_compute(&p, &x, &want, &patterns, &what);
         }

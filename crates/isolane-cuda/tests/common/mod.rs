@@ -357,6 +357,17 @@ pub fn quant_cnn() -> Graph {
 /// a ReLU, a global pool and a Linear (32 → 16).
 #[allow(dead_code)] // each test binary uses its part of this module
 pub fn pooled_quant_cnn(first: usize, max: bool) -> Graph {
+    pooled_cnn(first, max, true)
+}
+
+/// [`pooled_quant_cnn`] with resnet18's first block instead: no downsample, `b` (1×1,
+/// 16 → 16) summed with the pool's output itself, the skip.
+#[allow(dead_code)] // each test binary uses its part of this module
+pub fn pooled_skip_cnn(first: usize) -> Graph {
+    pooled_cnn(first, true, false)
+}
+
+fn pooled_cnn(first: usize, max: bool, downsample: bool) -> Graph {
     let mut g = Graph::new("pooled_quant_cnn");
     let x = g.add_input(
         "x",
@@ -384,16 +395,19 @@ pub fn pooled_quant_cnn(first: usize, max: bool) -> Graph {
         w(&mut g, "wa", vec![16, 16, first, first], 0.3 / first as f32),
         w(&mut g, "ba", vec![16], 0.1),
     );
-    let (wd, bd) = (
-        w(&mut g, "wd", vec![32, 16, 1, 1], 0.3),
-        w(&mut g, "bd", vec![32], 0.1),
-    );
+    let downsample_weights = downsample.then(|| {
+        (
+            w(&mut g, "wd", vec![32, 16, 1, 1], 0.3),
+            w(&mut g, "bd", vec![32], 0.1),
+        )
+    });
+    let width = if downsample { 32 } else { 16 };
     let (wb, bb) = (
-        w(&mut g, "wb", vec![32, 16, 1, 1], 0.3),
-        w(&mut g, "bb", vec![32], 0.1),
+        w(&mut g, "wb", vec![width, 16, 1, 1], 0.3),
+        w(&mut g, "bb", vec![width], 0.1),
     );
     let (wl, bl) = (
-        w(&mut g, "wl", vec![16, 32], 0.3),
+        w(&mut g, "wl", vec![16, width], 0.3),
         w(&mut g, "bl", vec![16], 0.1),
     );
     let h = g
@@ -414,9 +428,14 @@ pub fn pooled_quant_cnn(first: usize, max: bool) -> Graph {
     let a = g
         .add_op("a", conv(first / 2, Some(Unary::Relu)), &[p, wa, ba])
         .unwrap();
-    let d = g.add_op("d", conv(0, None), &[p, wd, bd]).unwrap();
+    let skip = match downsample_weights {
+        Some((wd, bd)) => g.add_op("d", conv(0, None), &[p, wd, bd]).unwrap(),
+        None => p,
+    };
     let b = g.add_op("b", conv(0, None), &[a, wb, bb]).unwrap();
-    let h = g.add_op("add", Op::Binary(Binary::Add), &[b, d]).unwrap();
+    let h = g
+        .add_op("add", Op::Binary(Binary::Add), &[b, skip])
+        .unwrap();
     let h = g.add_op("relu", Op::Unary(Unary::Relu), &[h]).unwrap();
     let h = g.add_op("gap", Op::GlobalAveragePool, &[h]).unwrap();
     let h = g.add_op("flat", Op::Flatten { axis: 1 }, &[h]).unwrap();

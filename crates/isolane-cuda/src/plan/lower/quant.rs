@@ -180,12 +180,33 @@ impl Planner<'_> {
                     .as_ref()
                     .is_some_and(|q| q.direct && q.x_scale == s && q.qtype == fq.qtype)
         });
-        let by_producer = g.producer(u).is_some_and(|p| {
-            matches!(g.nodes[p].op, Op::Conv(_))
-                && (self.quantized_output(p, u, true, pat) == Some((s, fq.qtype))
-                    || self.quantized_copy(p, u, true, pat) == Some(s))
+        let by_producer = g.producer(u).is_some_and(|p| match g.nodes[p].op {
+            Op::Conv(_) => {
+                self.quantized_output(p, u, true, pat) == Some((s, fq.qtype))
+                    || self.quantized_copy(p, u, true, pat) == Some(s)
+            }
+            // resnet18's first block: its skip is the max pool's output.
+            Op::MaxPool(_) | Op::AveragePool(_) => {
+                self.pool_reads_nhwc(p) && self.pooled_bytes(u, true, pat) == Some((s, fq.qtype))
+            }
+            _ => false,
         });
         direct_first || by_producer
+    }
+
+    /// Whether pool node `p` will read (and so write) NHWC values, known before lowering: its
+    /// input is a convolution's output of the channels-last plan, which is stored NHWC
+    /// whenever it has several channels and pixels ([`Planner::output`]).
+    fn pool_reads_nhwc(&self, p: usize) -> bool {
+        let g = self.g;
+        let x = g.nodes[p].inputs[0];
+        let sh = &self.shapes[x];
+        self.opts.channels_last
+            && g.producer(x)
+                .is_some_and(|c| matches!(g.nodes[c].op, Op::Conv(_)))
+            && sh.len() == 4
+            && sh[1] > 1
+            && sh[2] * sh[3] > 1
     }
 
     /// Lowers a Conv or Linear that [`Planner::find_quant_gemms`] chose: the FakeQuant's input
