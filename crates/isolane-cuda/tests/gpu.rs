@@ -1046,7 +1046,7 @@ fn top1_against(got: &[f32], want: &[f32], classes: usize) -> (usize, usize) {
     (same, flips)
 }
 
-/// Builds the small CNN and resnet50, calibrated per `combos`, with the quantized products'
+/// Builds the small CNN, resnet18 and resnet50, calibrated per `combos`, with the quantized products'
 /// `paths`, and returns the failures: an output off the exact reference by more than fp16's
 /// tolerance or quantization's own effect, or a top-1 that differs. Prints every quantized
 /// layer's error.
@@ -1072,7 +1072,8 @@ fn quant_layers_against_the_reference(
         .with_build_options(build);
     let cpu = CpuBackend::new(0);
     let mut failures = Vec::new();
-    for (model, batch) in [("quant_cnn", 3), ("resnet50", 2)] {
+    // resnet18: its first block's skip is the max pool's output, read as bytes.
+    for (model, batch) in [("quant_cnn", 3), ("resnet18", 2), ("resnet50", 2)] {
         let g = if model == "quant_cnn" {
             common::quant_cnn()
         } else {
