@@ -764,17 +764,18 @@ __device__ __forceinline__ const T* window_out(const T* x, long long i, const P&
 // xs / ys: strides of x and y along (n, c, h, w): NCHW or NHWC storage alike.
 struct PoolP { int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, max, include_pad; long long xs[4], ys[4]; };
 __device__ __forceinline__ signed char q8_byte(float v, float s, int fp8);
-// A pooled value stored: as T, or (Q) as the byte quantize_q8 makes of that T by s, for
-// quantized GEMMs that read the pool's output as bytes only (crate::plan::PoolStep::y_quant).
+// The byte quantize_q8 makes of v once stored as T (rounded to the activation dtype first).
+__device__ __forceinline__ signed char q8_of_stored(float v, float s, int fp8) {
+    T t;
+    st(&t, 0, v);
+    return q8_byte(ld(&t, 0), s, fp8);
+}
+// A pooled value stored: as T, or (Q) as its byte by s, for quantized GEMMs that read the
+// pool's output as bytes only (crate::plan::PoolStep::y_quant).
 template <bool Q>
 __device__ __forceinline__ void pool_store(void* y, long long i, float v, float s, int fp8) {
-    if (Q) {
-        T t;
-        st(&t, 0, v);
-        ((signed char*)y)[i] = q8_byte(ld(&t, 0), s, fp8);
-    } else {
-        st((T*)y, i, v);
-    }
+    if (Q) ((signed char*)y)[i] = q8_of_stored(v, s, fp8);
+    else st((T*)y, i, v);
 }
 template <bool Q>
 __device__ __forceinline__ void pool2d_body(const T* __restrict__ x, void* __restrict__ y, const PoolP& p, float s, int fp8) {
@@ -858,9 +859,7 @@ __device__ __forceinline__ void pool2d_v_body(const T* __restrict__ x, void* __r
             unsigned w[VW / 4];
 #pragma unroll
             for (int j = 0; j < VW; ++j) {
-                T t;
-                st(&t, 0, acc[j]);
-                unsigned b = (unsigned char)q8_byte(ld(&t, 0), s, fp8);
+                unsigned b = (unsigned char)q8_of_stored(acc[j], s, fp8);
                 w[j / 4] = (j % 4 == 0 ? 0u : w[j / 4]) | (b << (8 * (j % 4)));
             }
             if (VW == 8) *(uint2*)((signed char*)y + yo) = make_uint2(w[0], w[VW / 4 - 1]);
