@@ -2311,6 +2311,21 @@ fn calibrated_plan(
     (q, p)
 }
 
+/// The plan's (first) pool step.
+fn pool_step(p: &Plan) -> &PoolStep {
+    p.steps
+        .iter()
+        .find_map(|s| match &s.kind {
+            StepKind::Pool(pool) => Some(pool),
+            _ => None,
+        })
+        .expect("a pool step")
+}
+
+/// Path patterns (`run_paths`) that compute the QDQ graph exactly: each candidate alone and
+/// two mixes, but 4, the plain float step, which reads x unquantized on purpose.
+const EXACT_PATHS: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
+
 /// A pool whose only readers are quantized GEMMs (resnet's max pool before its first block)
 /// writes the bytes they read, not floats for them to quantize: the pool step holds the
 /// readers' scale, both readers take its bytes (a direct GEMM reads them in place, a 3×3's
@@ -2326,14 +2341,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
             let what = format!("{qtype} first {first}×{first} max {max} batch {batch}");
             let g = common::pooled_quant_cnn(first, max);
             let (q, p) = calibrated_plan(&g, qtype, batch, true);
-            let pool = p
-                .steps
-                .iter()
-                .find_map(|s| match &s.kind {
-                    StepKind::Pool(pool) => Some(pool),
-                    _ => None,
-                })
-                .expect("a pool step");
+            let pool = pool_step(&p);
             let (a, d) = (quant_gemm(&p, "a"), quant_gemm(&p, "d"));
             assert_eq!(pool.y_quant, Some((a.x_scale, qtype)), "{what}: {pool:?}");
             assert!(pool.nhwc, "{what}");
@@ -2352,9 +2360,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
                 .count();
             assert_eq!(fake_quants, 1, "{what}: only the stem's input");
             let (x, want) = cpu_reference(&q, batch, 6);
-            // Not 4, the plain float step: it reads x unquantized on purpose.
-            let patterns: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
-            assert_paths_compute(&p, &x, &want, &patterns, &what);
+            assert_paths_compute(&p, &x, &want, &EXACT_PATHS, &what);
         }
     }
     // resnet18's first block: the pool's output is also the skip `b` adds (quantized, as
@@ -2363,14 +2369,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
         for (first, batch) in [(3, 1), (1, 2)] {
             let what = format!("{qtype} skip from the pool, first {first}×{first} batch {batch}");
             let (q, p) = calibrated_plan(&common::pooled_skip_cnn(first), qtype, batch, true);
-            let pool = p
-                .steps
-                .iter()
-                .find_map(|s| match &s.kind {
-                    StepKind::Pool(pool) => Some(pool),
-                    _ => None,
-                })
-                .expect("a pool step");
+            let pool = pool_step(&p);
             let (a, b) = (quant_gemm(&p, "a"), quant_gemm(&p, "b"));
             assert_eq!(pool.y_quant, Some((a.x_scale, qtype)), "{what}: {pool:?}");
             assert!(a.x_quantized && a.x == pool.y, "{what}: {a:?}");
@@ -2380,8 +2379,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
                 "{what}: {b:?}"
             );
             let (x, want) = cpu_reference(&q, batch, 7);
-            let patterns: [&[usize]; 7] = [&[0], &[1], &[2], &[3], &[5], &[2, 0, 1], &[3, 5, 0]];
-            assert_paths_compute(&p, &x, &want, &patterns, &what);
+            assert_paths_compute(&p, &x, &want, &EXACT_PATHS, &what);
         }
     }
     // A pool that is also an output keeps its floats (the readers quantize them).
