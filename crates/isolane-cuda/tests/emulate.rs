@@ -3223,8 +3223,9 @@ fn the_qdq_digits_plan_passes_the_check_at_batch_360() {
 }
 
 /// A CNN's input is cast straight into the channels-last layout its first convolution reads
-/// (one pass, no layout copy after it), also at fp32, where the cast only reorders; and the
-/// emulated plan computes what the CPU backend does. An input that something else reads too
+/// (one pass, no layout copy after it), also at fp32, where the cast only reorders, and also
+/// through a calibrated stem's FakeQuant; and the emulated plan computes what the CPU backend
+/// does. An input that something else reads too
 /// keeps its order (here a ReLU of the input, a second output).
 #[test]
 fn a_cnn_input_is_cast_channels_last_once() {
@@ -3258,6 +3259,27 @@ fn a_cnn_input_is_cast_channels_last_once() {
     cpu.run().unwrap();
     let err = rel_l2(&run(&p, &x), cpu.output());
     assert!(err < 1e-5, "rel L2 {err:e}");
+
+    // A calibrated model's input goes through the stem's FakeQuant first: cast channels last
+    // too, and the fake-quant step keeps that layout (no copy before the stem).
+    let (_, p) = quant_cnn_plan(isolane_engine::quant::QuantType::Int8, batch);
+    assert!(
+        matches!(
+            p.steps[0].kind,
+            StepKind::CastIn {
+                nhwc: Some((3, 144)),
+                ..
+            }
+        ),
+        "{:?}",
+        p.steps[0]
+    );
+    assert!(
+        matches!(p.steps[1].kind, StepKind::FakeQuant(_)),
+        "{:?}",
+        p.steps[1]
+    );
+    assert!(layout_copies(&p).is_empty(), "{:?}", layout_copies(&p));
 
     let mut g = common::quant_cnn();
     let x_in = g.inputs[0];
