@@ -925,6 +925,17 @@ impl Planner<'_> {
         self.push(&format!("{node} ({what})"), StepKind::Copy { x, y, space });
         Ok(y)
     }
+    /// A fresh storage for output `v` held only as bytes (quantized at `s`, type `t`; rows NHWC
+    /// when `nhwc`) for the quantized GEMMs that read it: no float storage, so no probe.
+    fn bytes_output(&mut self, v: usize, s: f32, t: QuantType, nhwc: bool) -> Loc {
+        let l = Loc::Storage {
+            id: self.new_storage(self.numel(v)),
+            offset: 0,
+        };
+        self.quantized_of[v] = Some((l, s, t, nhwc));
+        self.def_t[v] = self.t;
+        l
+    }
     /// A fresh storage for output `v`, NHWC when asked and it makes a difference.
     fn output(&mut self, v: usize, nhwc: bool) -> Loc {
         let s = self.new_storage(self.numel(v) * self.es);

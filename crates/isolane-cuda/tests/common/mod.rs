@@ -289,6 +289,18 @@ pub fn session14_graphs() -> Vec<Graph> {
     graphs
 }
 
+/// A constant maker for a test graph: each call adds `name` of `shape`, seeded random values
+/// times `s`, the seed one past the previous call's (the first `seed + 1`).
+#[allow(dead_code)] // each test binary uses its part of this module
+fn seeded_weights(mut seed: u64) -> impl FnMut(&mut Graph, &str, Vec<usize>, f32) -> usize {
+    move |g, name, shape, s| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let d = random(n, seed).into_iter().map(|v| v * s).collect();
+        g.add_constant(name, Tensor::new(shape, d).unwrap())
+    }
+}
+
 /// A small CNN for the quantized GEMM path: a 3×3 convolution on 3 channels (K = 27: not on
 /// the path), a direct 1×1 (16 → 16), a 3×3 stride-2 convolution through the im2col
 /// (K = 144 → 32), a 1×1 whose sum with the block input is fused as a residual, a pool and a
@@ -300,13 +312,7 @@ pub fn quant_cnn() -> Graph {
         "x",
         vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
     );
-    let mut seed = 70;
-    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
-        seed += 1;
-        let n: usize = shape.iter().product();
-        let d = random(n, seed).into_iter().map(|v| v * s).collect();
-        g.add_constant(name, Tensor::new(shape, d).unwrap())
-    };
+    let mut w = seeded_weights(70);
     let conv = |pads: [usize; 4], strides: [usize; 2]| {
         Op::Conv(ConvAttrs {
             pads,
@@ -367,19 +373,14 @@ pub fn pooled_skip_cnn(first: usize) -> Graph {
     pooled_cnn(first, true, false)
 }
 
+#[allow(dead_code)] // each test binary uses its part of this module
 fn pooled_cnn(first: usize, max: bool, downsample: bool) -> Graph {
     let mut g = Graph::new("pooled_quant_cnn");
     let x = g.add_input(
         "x",
         vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(12), Dim::Fixed(12)],
     );
-    let mut seed = 170;
-    let mut w = |g: &mut Graph, name: &str, shape: Vec<usize>, s: f32| {
-        seed += 1;
-        let n: usize = shape.iter().product();
-        let d = random(n, seed).into_iter().map(|v| v * s).collect();
-        g.add_constant(name, Tensor::new(shape, d).unwrap())
-    };
+    let mut w = seeded_weights(170);
     let conv = |pad: usize, activation: Option<Unary>| {
         Op::Conv(ConvAttrs {
             pads: [pad; 4],

@@ -38,16 +38,7 @@ impl Planner<'_> {
         let keep = p.nhwc[x0];
         let y_quant = p.pooled_bytes(outs[0], keep, pat);
         let y = match y_quant {
-            Some((s, t)) => {
-                // No float storage (nothing else reads the values), so no probe either.
-                let l = Loc::Storage {
-                    id: p.new_storage(out_shape.iter().product()),
-                    offset: 0,
-                };
-                p.quantized_of[outs[0]] = Some((l, s, t, keep));
-                p.def_t[outs[0]] = p.t;
-                l
-            }
+            Some((s, t)) => p.bytes_output(outs[0], s, t, keep),
             None => p.output(outs[0], keep),
         };
         p.push(

@@ -410,16 +410,8 @@ impl Planner<'_> {
         let out = c.outs[0];
         let y_quant = self.quantized_output(c.ni, out, nhwc, pat);
         let y = match y_quant {
-            Some((s, t)) => {
-                // Only the next GEMMs read this value, quantized: no float storage, no probe.
-                let l = Loc::Storage {
-                    id: self.new_storage(mm * nn),
-                    offset: 0,
-                };
-                self.quantized_of[out] = Some((l, s, t, nhwc));
-                self.def_t[out] = self.t;
-                l
-            }
+            // Only the next GEMMs read this value, quantized.
+            Some((s, t)) => self.bytes_output(out, s, t, nhwc),
             None => self.output(out, nhwc),
         };
         // Where y stays in floats for another reader, its bytes for the next direct GEMMs are
@@ -728,8 +720,8 @@ impl Planner<'_> {
         pat: &Patterns,
     ) -> Option<(f32, QuantType)> {
         let producer_type = self.quant[ni].as_ref()?.qtype;
-        self.bytes_only(v, nhwc, pat)
-            .filter(|&(_, t)| t == producer_type)
+        let fq = self.bytes_only(v, nhwc, pat)?;
+        (fq.qtype == producer_type).then_some((fq.scales[0], fq.qtype))
     }
 
     /// Whether pool output `v` (stored NHWC when `nhwc`) can be written as bytes only, for
@@ -743,20 +735,18 @@ impl Planner<'_> {
         nhwc: bool,
         pat: &Patterns,
     ) -> Option<(f32, QuantType)> {
-        let (s, t) = self.bytes_only(v, nhwc, pat)?;
-        let Op::FakeQuant(fq) = &self.g.nodes[pat.users_of[v][0]].op else {
-            return None;
-        };
+        let fq = self.bytes_only(v, nhwc, pat)?;
+        let (s, t) = (fq.scales[0], fq.qtype);
         let symmetric = fq.zero_points.iter().all(|&z| z == 0.0);
         let byte = matches!(t, QuantType::Int8 | QuantType::Float8E4M3Fn);
         (symmetric && byte && s > 0.0 && s.is_finite()).then_some((s, t))
     }
 
-    /// The scale and type at which value `v` (NHWC when `nhwc`) can be stored as bytes only:
-    /// its one reader is a per-tensor FakeQuant that emits nothing, and every reader of that
-    /// reads its bytes as they would be laid out (a convolution's symmetric pads and whole
-    /// 4-byte channel groups for its im2col, a Linear's rows).
-    fn bytes_only(&self, v: usize, nhwc: bool, pat: &Patterns) -> Option<(f32, QuantType)> {
+    /// The FakeQuant whose bytes value `v` (NHWC when `nhwc`) can be stored as, bytes only:
+    /// `v`'s one reader, per tensor, emitting nothing, and every reader of it reads its bytes
+    /// as they would be laid out (a convolution's symmetric pads and whole 4-byte channel
+    /// groups for its im2col, a Linear's rows).
+    fn bytes_only(&self, v: usize, nhwc: bool, pat: &Patterns) -> Option<&FakeQuantAttrs> {
         let g = self.g;
         if pat.is_output[v] || pat.users_of[v].len() != 1 {
             return None;
@@ -793,7 +783,7 @@ impl Planner<'_> {
                 _ => false,
             }
         });
-        fits.then_some((fq.scales[0], fq.qtype))
+        fits.then_some(fq)
     }
 
     /// Whether node `ni`'s output `v` (kept in floats: [`Planner::quantized_output`] said no)
