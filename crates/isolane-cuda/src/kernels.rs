@@ -261,6 +261,57 @@ __device__ __forceinline__ unsigned wg_bytes2(float v0, float v1, float ys, floa
     if (fmaxf(fabsf(a0 - rintf(a0)), fabsf(a1 - rintf(a1))) > 0.5f - 0x1p-14f) return wg_divided_bytes2(x0, x1, ys);
     return __byte_perm(wg_s8(a0), wg_s8(a1), 0x0040) & 0xffffu;
 }
+// The epilogue's pair (j, h) of this thread (columns 8j + 2(lane % 4) (+ 1), rows 8h on) on
+// the bytes path: its two values as stored in T (what the FakeQuant step would have read).
+template <int ACT>
+__device__ __forceinline__ void wg_pair_stored(const int* d, int j, int h, const float* svp, const unsigned char* rb, int ld,
+                                               bool has_r, float rs, int ak, float p0, float p1, float& x0, float& x1) {
+    float2 sc = *(const float2*)(svp + 8 * j), bi = *(const float2*)(svp + 128 + 8 * j);
+    float r0v = 0.f, r1v = 0.f;
+    if (has_r) {
+        unsigned short b2 = *(const unsigned short*)(rb + 8 * h * ld + 8 * j);
+        r0v = __fmul_rn((float)(signed char)(b2 & 255), rs);
+        r1v = __fmul_rn((float)(signed char)(b2 >> 8), rs);
+    }
+    float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0v, ak, p0, p1);
+    float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1v, ak, p0, p1);
+    u2f2(f2u2(v0, v1), x0, x1);
+}
+// The bytes path's epilogue: every pair's bytes by the multiply (wg_bytes2's fast case) in one
+// block of straight-line code, the pairs near a tie noted in a mask and their bytes made again
+// by the division after it. With a branch (and a call) at each pair, as wg_bytes2 has, each
+// pair was its own short dependent chain: ncu (session 33) found the kernel issuing in 58 % of
+// cycles, mostly waiting on fixed-latency dependencies. A tie is rare (within 2^-14 of a half:
+// ~1e-4 of the bytes), so the redo costs little. Columns past N compute zeros (their scale,
+// bias, sums and residual are 0) that the copy-out skips.
+template <int BN, int ACT>
+__device__ __forceinline__ void wg_bytes_epilogue(const int* d, const float* svp, const unsigned char* rb, unsigned char* yb,
+                                                  int ld, bool has_r, float rs, int ak, float p0, float p1, float ys, float inv) {
+    unsigned ties = 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float x0, x1;
+            wg_pair_stored<ACT>(d, j, h, svp, rb, ld, has_r, rs, ak, p0, p1, x0, x1);
+            float a0 = __fmul_rn(x0, inv), a1 = __fmul_rn(x1, inv);
+            bool near = fmaxf(fabsf(a0 - rintf(a0)), fabsf(a1 - rintf(a1))) > 0.5f - 0x1p-14f;
+            ties |= (unsigned)near << (2 * j + h);
+            *(unsigned short*)(yb + 8 * h * ld + 8 * j) = (unsigned short)(__byte_perm(wg_s8(a0), wg_s8(a1), 0x0040) & 0xffffu);
+        }
+    }
+    if (ties == 0) return;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (!((ties >> (2 * j + h)) & 1u)) continue;
+            float x0, x1;
+            wg_pair_stored<ACT>(d, j, h, svp, rb, ld, has_r, rs, ak, p0, p1, x0, x1);
+            *(unsigned short*)(yb + 8 * h * ld + 8 * j) = (unsigned short)wg_divided_bytes2(x0, x1, ys);
+        }
+    }
+}
 // BYTES: y int8 bytes, no copy, a residual of bytes or none (every resnet50 layer): compiled
 // without the other cases' branches, which cost as many instructions as the arithmetic.
 template <int BN, int ACT, bool BYTES>
@@ -310,7 +361,7 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     // The epilogue on the fragments: warp w holds rows 16w + lane / 4 (+ 8), columns
     // 8j + 2(lane % 4) (+ 1) in d[4j .. 4j + 3]. y's and the copy's bytes go to the first stage
     // (free now), 64 rows of LD each; a y of T is stored from here, two values a store.
-    // Columns past N are skipped (a uniform branch).
+    // Columns past N are skipped (a uniform branch), or on the bytes path made and not copied.
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     // This thread's first pair in each tile of shared memory; a pair (j, h) is 8j columns and
     // 8h rows on from it.
@@ -324,35 +375,35 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     T* yt = (T*)y + (long long)(m0 + r0) * n + n0 + c0;
     float yinv = 1.f / ys, cinv = 1.f / cs;
     bool has_r = res != nullptr;
+    if (BYTES) {
+        wg_bytes_epilogue<BN, ACT>(d, svp, rb, yb, LD, has_r, rs, ak, p0, p1, ys, yinv);
+    } else {
 #pragma unroll
-    for (int j = 0; j < RUNS; ++j) {
-        if (8 * j >= n - n0) break;
-        float2 sc = *(const float2*)(svp + 8 * j), bi = *(const float2*)(svp + 128 + 8 * j);
+        for (int j = 0; j < RUNS; ++j) {
+            if (8 * j >= n - n0) break;
+            float2 sc = *(const float2*)(svp + 8 * j), bi = *(const float2*)(svp + 128 + 8 * j);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int at = 8 * h * LD + 8 * j;
-            float r0v = 0.f, r1v = 0.f;
-            if (has_r) {
-                if (BYTES || eb == 1) {
-                    unsigned short b2 = *(const unsigned short*)(rb + at);
-                    r0v = __fmul_rn((float)(signed char)(b2 & 255), rs);
-                    r1v = __fmul_rn((float)(signed char)(b2 >> 8), rs);
-                } else {
-                    u2f2(*(const unsigned*)(rb + 2 * at), r0v, r1v);
+            for (int h = 0; h < 2; ++h) {
+                int at = 8 * h * LD + 8 * j;
+                float r0v = 0.f, r1v = 0.f;
+                if (has_r) {
+                    if (eb == 1) {
+                        unsigned short b2 = *(const unsigned short*)(rb + at);
+                        r0v = __fmul_rn((float)(signed char)(b2 & 255), rs);
+                        r1v = __fmul_rn((float)(signed char)(b2 >> 8), rs);
+                    } else {
+                        u2f2(*(const unsigned*)(rb + 2 * at), r0v, r1v);
+                    }
                 }
+                float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0v, ak, p0, p1);
+                float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1v, ak, p0, p1);
+                if (yq == 0) {
+                    if (m0 + r0 + 8 * h < m && n0 + c0 + 8 * j < n) *(unsigned*)(yt + (long long)8 * h * n + 8 * j) = f2u2(v0, v1);
+                } else {
+                    *(unsigned short*)(yb + at) = (unsigned short)wg_bytes2(v0, v1, ys, yinv);
+                }
+                if (ycopy) *(unsigned short*)(cb + at) = (unsigned short)wg_bytes2(v0, v1, cs, cinv);
             }
-            float v0 = epi_math<ACT>((float)d[4 * j + 2 * h], sc.x, bi.x, has_r, r0v, ak, p0, p1);
-            float v1 = epi_math<ACT>((float)d[4 * j + 2 * h + 1], sc.y, bi.y, has_r, r1v, ak, p0, p1);
-            if (BYTES) {
-                *(unsigned short*)(yb + at) = (unsigned short)wg_bytes2(v0, v1, ys, yinv);
-                continue;
-            }
-            if (yq == 0) {
-                if (m0 + r0 + 8 * h < m && n0 + c0 + 8 * j < n) *(unsigned*)(yt + (long long)8 * h * n + 8 * j) = f2u2(v0, v1);
-            } else {
-                *(unsigned short*)(yb + at) = (unsigned short)wg_bytes2(v0, v1, ys, yinv);
-            }
-            if (ycopy) *(unsigned short*)(cb + at) = (unsigned short)wg_bytes2(v0, v1, cs, cinv);
         }
     }
     if (!BYTES && yq == 0 && !ycopy) return;
