@@ -196,43 +196,53 @@ __device__ __forceinline__ void cp_async8(unsigned dst, const void* src, int byt
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 // One K tile from k0: 64 rows of xq at sa, BN rows of w after them; rows past M or N and
-// chunks past K are zeros. Always one cp.async group (empty past the last tile).
+// chunks past K are zeros. Always one cp.async group (empty past the last tile). A thread
+// copies chunk t % 8 of rows t / 8 + 16h: its chunk, its swizzled offset and its rows' first
+// addresses are worked out once, and each further row is a step (the index arithmetic per
+// copy, 64-bit and signed, had cost as many instructions as the epilogue).
 template <int BN>
 __device__ __forceinline__ void qgemm_wg_stage(const signed char* __restrict__ xq, const signed char* __restrict__ w,
                                                unsigned sa, int m0, int n0, int k0, int m, int n, int k, bool any) {
     if (any) {
+        unsigned t = threadIdx.x, c = t & 7u, r = t >> 3;
+        unsigned off = r * 128u + ((c ^ (r & 7u)) << 4);
+        int kc = k0 + (int)c * 16;
+        bool kin = kc < k;
+        long long step = 16LL * k;
+        const signed char* a = xq + (long long)(m0 + (int)r) * k + kc;
+        const signed char* b = w + (long long)(n0 + (int)r) * k + kc;
         unsigned sb = sa + 64 * 128;
 #pragma unroll
-        for (int h = 0; h < 4 + BN / 16; ++h) {
-            int chunk = threadIdx.x + h * 128;
-            bool is_a = h < 4;
-            int r = (is_a ? chunk : chunk - 512) >> 3, c = chunk & 7, kc = k0 + c * 16;
-            unsigned off = r * 128 + ((c ^ (r & 7)) << 4);
-            if (is_a) {
-                bool in = kc < k && m0 + r < m;
-                cp_async16(sa + off, in ? (const void*)(xq + ((long long)(m0 + r) * k + kc)) : (const void*)xq, in ? 16 : 0);
-            } else {
-                bool in = kc < k && n0 + r < n;
-                cp_async16(sb + off, in ? (const void*)(w + ((long long)(n0 + r) * k + kc)) : (const void*)w, in ? 16 : 0);
-            }
+        for (int h = 0; h < 4; ++h) {
+            bool in = kin && m0 + (int)r + 16 * h < m;
+            cp_async16(sa + off + h * 2048, in ? (const void*)(a + h * step) : (const void*)xq, in ? 16 : 0);
+        }
+#pragma unroll
+        for (int h = 0; h < BN / 16; ++h) {
+            bool in = kin && n0 + (int)r + 16 * h < n;
+            cp_async16(sb + off + h * 2048, in ? (const void*)(b + h * step) : (const void*)w, in ? 16 : 0);
         }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-// The residual's 64 x BN tile into rsm, rows of BN + 8 elements of eb bytes (1: bytes, 2: T), 8
+// The residual's 64 x BN tile into rsm, rows of BN + 8 elements of EB bytes (1: bytes, 2: T), 8
 // columns a copy (n and the tile's columns are multiples of 8, so a copy is whole and aligned).
-// The fragments read 8 rows at once, and rows of BN would put them in one bank.
-template <int BN>
-__device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm, int m0, int n0, int m, int n, int eb) {
-    const int LD = BN + 8, RUNS = BN / 8;
+// The fragments read 8 rows at once, and rows of BN would put them in one bank. A thread copies
+// the same 8 columns of rows t / (BN / 8) + (1024 / BN)h, its first address worked out once.
+template <int BN, int EB>
+__device__ __forceinline__ void qgemm_wg_residual(const void* res, unsigned rsm, int m0, int n0, int m, int n) {
+    const int LD = BN + 8, RUNS = BN / 8, ROWS = 128 / RUNS;
+    unsigned t = threadIdx.x, r = t / RUNS, c = (t % RUNS) * 8;
+    const unsigned char* src = (const unsigned char*)res + ((long long)(m0 + (int)r) * n + n0 + (int)c) * EB;
+    long long step = (long long)ROWS * n * EB;
+    unsigned dst = rsm + (r * LD + c) * EB;
+    bool cin = n0 + (int)c < n;
 #pragma unroll
     for (int h = 0; h < BN / 16; ++h) {
-        int chunk = threadIdx.x + h * 128, r = chunk / RUNS, c = (chunk % RUNS) * 8;
-        bool in = m0 + r < m && n0 + c < n;
-        long long at = ((long long)(m0 + r) * n + n0 + c) * eb;
-        const void* src = in ? (const void*)((const unsigned char*)res + at) : res;
-        if (eb == 1) cp_async8(rsm + r * LD + c, src, in ? 8 : 0);
-        else cp_async16(rsm + (r * LD + c) * 2, src, in ? 16 : 0);
+        bool in = cin && m0 + (int)r + ROWS * h < m;
+        const void* s = in ? (const void*)(src + h * step) : res;
+        if (EB == 1) cp_async8(dst + h * ROWS * LD, s, in ? 8 : 0);
+        else cp_async16(dst + h * ROWS * LD * 2, s, in ? 16 : 0);
     }
 }
 // epi_byte<1>'s bytes of v0, v1 (each stored in T, divided by ys, rounded, saturated) by a
@@ -331,7 +341,8 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     int eb = rs != 0.f ? 1 : 2;
     // The residual's tile in the first K tile's group, then the tile's scale and bias (visible
     // after the first barrier), their loads in flight with the copies.
-    if (res) qgemm_wg_residual<BN>(res, rsm, m0, n0, m, n, eb);
+    if (res && (BYTES || eb == 1)) qgemm_wg_residual<BN, 1>(res, rsm, m0, n0, m, n);
+    else if (res) qgemm_wg_residual<BN, 2>(res, rsm, m0, n0, m, n);
     qgemm_wg_stage<BN>(xq, w, base, m0, n0, 0, m, n, k, true);
     if (threadIdx.x < BN) {
         int c = n0 + threadIdx.x;
@@ -373,7 +384,8 @@ __device__ __forceinline__ void qgemm_wg_body(const signed char* __restrict__ xq
     const unsigned char* rb = (const unsigned char*)(qsm + (rsm - raw)) + (r0 * LD + c0) * eb;
     const float* svp = sv + c0;
     T* yt = (T*)y + (long long)(m0 + r0) * n + n0 + c0;
-    float yinv = 1.f / ys, cinv = 1.f / cs;
+    // The correctly rounded reciprocals (1.f / ys's bits, without the division's code).
+    float yinv = __frcp_rn(ys), cinv = __frcp_rn(cs);
     bool has_r = res != nullptr;
     if (BYTES) {
         wg_bytes_epilogue<BN, ACT>(d, svp, rb, yb, LD, has_r, rs, ak, p0, p1, ys, yinv);
