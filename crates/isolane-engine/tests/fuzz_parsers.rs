@@ -527,6 +527,33 @@ fn a_slice_step_at_the_edge_of_i64_takes_one_element() {
     assert_eq!(p, vec![(0, 2, 3)]);
 }
 
+/// Found by `edited_onnx_models_never_panic`: a cubic Resize resized at run time builds a
+/// weight matrix per axis (input × output); an input edited to 2^31 rows asked for one past
+/// usize and panicked in the allocation. It is the model's error now, naming the Resize.
+#[test]
+fn a_cubic_resize_too_large_to_weigh_is_the_models_error() {
+    use prost::Message as _;
+    let path = fixtures().join("resize_cubic_runtime_scales_op13.onnx");
+    let bytes = std::fs::read(&path).unwrap();
+    for value in [1i64 << 31, 1 << 20] {
+        let mut m = isolane_engine::onnx::proto::ModelProto::decode(bytes.as_slice()).unwrap();
+        // The height alone: the input itself stays within the importer's size limit.
+        edit_model(
+            &mut m,
+            &ModelEdit::InputDim {
+                input: 0,
+                dim: 2,
+                value,
+            },
+        );
+        let model = OnnxModel::from_proto(m, &path).unwrap();
+        let err = import(&model)
+            .expect_err("a weight matrix past the fold cap")
+            .to_string();
+        assert!(err.contains("cubic Resize"), "{err}");
+    }
+}
+
 /// Found by `edited_onnx_models_never_panic`: a window whose dilation × kernel or padded size
 /// passes usize fits nowhere (an error upstream), instead of overflowing.
 #[test]

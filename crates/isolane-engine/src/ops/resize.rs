@@ -284,8 +284,8 @@ impl Importer<'_> {
         let [oh, ow] = cubic.out_size(c, [h, w], r)?;
         let [sh, sw] = r.coord_scales([h, w], [oh, ow]);
         let name = |what: &str| format!("{}:{what}", c.r.node);
-        let ah = Val::F(Arr::new(vec![h, oh], cubic.matrix(r, h, oh, sh)));
-        let aw = Val::F(Arr::new(vec![w, ow], cubic.matrix(r, w, ow, sw)));
+        let ah = Val::F(Arr::new(vec![h, oh], cubic.matrix(c, r, h, oh, sh)?));
+        let aw = Val::F(Arr::new(vec![w, ow], cubic.matrix(c, r, w, ow, sw)?));
         let cols = Op::Transpose {
             perm: vec![0, 1, 3, 2],
         };
@@ -440,15 +440,28 @@ impl Cubic {
     }
 
     /// The `[inp, out]` matrix `M` of one axis: output `i` is `Σ_j x[j] · M[j, i]` (the taps
-    /// of a clamped edge read the same source, so their weights add up).
-    fn matrix(&self, r: &ir::ResizeAttrs, inp: usize, out: usize, scale: f32) -> Vec<f32> {
-        let mut m = vec![0.0f64; inp * out];
+    /// of a clamped edge read the same source, so their weights add up). A matrix past the
+    /// size a constant may fold to is the model's error, not an allocation.
+    fn matrix(
+        &self,
+        c: &Ctx,
+        r: &ir::ResizeAttrs,
+        inp: usize,
+        out: usize,
+        scale: f32,
+    ) -> OnnxResult<Vec<f32>> {
+        let len = fold::numel_of::<f64>(&[inp, out]).map_err(|e| {
+            c.bad(format!(
+                "a cubic Resize of {inp} to {out} along an axis: its weights, {e}"
+            ))
+        })?;
+        let mut m = vec![0.0f64; len];
         for i in 0..out {
             for (j, wt) in self.taps(r, i, inp, out, scale) {
                 m[j * out + i] += wt;
             }
         }
-        m.into_iter().map(|v| v as f32).collect()
+        Ok(m.into_iter().map(|v| v as f32).collect())
     }
 
     /// `x` (N, C, H, W) resized as `r` says (its size or scales; only H and W change).
