@@ -9,7 +9,8 @@
 //! - a `Slice` with a negative step on an axis that does not scale with the batch becomes a
 //!   `Slice` of its positive steps (if any) followed by one `Gather` of constant indices per
 //!   reversed axis: a Gather is a copy per index, which every backend has. A reversed batch axis
-//!   is left alone (its indices would depend on the batch).
+//!   is left alone (its indices would depend on the batch), and so is an axis longer than
+//!   [`MAX_REVERSED_LEN`] (its indices would be a large allocation of their own).
 //!
 //! Values keep their names: the last node of a rewrite writes the original output value, so
 //! graph outputs, probes and check reports name what the model named.
@@ -18,6 +19,12 @@ use crate::ir::{slice_params, Binary, Graph, Node, Op, Tensor, ValueId, ValueKin
 use crate::passes::transpose2 as transposed;
 use crate::Result;
 use std::sync::Arc;
+
+/// The longest axis a reversing Slice is rewritten along: its Gather holds one i64 index per
+/// element (8 MiB here). Any real model's reversed axis (an image side, a sequence) is far
+/// shorter; a longer one keeps its Slice, which the CPU backend runs and the others refuse by
+/// name, rather than building the indices of an axis that a file merely claims.
+pub const MAX_REVERSED_LEN: usize = 1 << 20;
 
 /// `g` with its general Gemms and reversing Slices rewritten (see the module's documentation);
 /// `g` itself (cloned) when it has none. `batch` resolves the Slices' bounds.
@@ -89,8 +96,8 @@ pub fn general_forms(g: &Graph, batch: usize) -> Result<Graph> {
 }
 
 /// The axes of a Slice node walked backwards (negative step); `None` when the node is to be
-/// left as it is: one of them changes size with the batch, selects nothing, or the Slice is
-/// malformed (its own lowering then says why).
+/// left as it is: one of them changes size with the batch, selects nothing or more than
+/// [`MAX_REVERSED_LEN`] elements, or the Slice is malformed (its own lowering then says why).
 fn reversed_axes(n: &Node, shapes: &[Vec<usize>], other: &[Vec<usize>]) -> Option<Vec<usize>> {
     let Op::Slice {
         starts,
@@ -111,7 +118,8 @@ fn reversed_axes(n: &Node, shapes: &[Vec<usize>], other: &[Vec<usize>]) -> Optio
         let ax = axes.get(i).copied().unwrap_or(i as i64);
         let a = if ax < 0 { ax + x.len() as i64 } else { ax };
         let a = usize::try_from(a).ok().filter(|&a| a < x.len())?;
-        if other[n.inputs[0]].get(a) != Some(&x[a]) || resolved[a].2 == 0 {
+        let len = resolved[a].2;
+        if other[n.inputs[0]].get(a) != Some(&x[a]) || len == 0 || len > MAX_REVERSED_LEN {
             return None;
         }
         out.push(a);
@@ -473,5 +481,28 @@ mod tests {
         let y = g.add_op("flip", flip, &[x]).unwrap();
         g.add_output(y).unwrap();
         assert_eq!(ops(&general_forms(&g, 2).unwrap()), ["Slice"]);
+    }
+
+    /// Found by the footprint fuzz target: a file claiming a 2^31-long axis made the rewrite
+    /// build 2^31 indices (16 GiB) before anything checked the model's size. Past the cap the
+    /// Slice stays as it is; at the cap it still becomes a Gather.
+    #[test]
+    fn a_reversed_axis_past_the_cap_keeps_its_slice() {
+        let flip = |len: usize| {
+            let mut g = Graph::new("flip_long");
+            let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(len)]);
+            let flip = Op::Slice {
+                starts: vec![-1],
+                ends: vec![i64::MIN],
+                axes: vec![1],
+                steps: vec![-1],
+            };
+            let y = g.add_op("flip", flip, &[x]).unwrap();
+            g.add_output(y).unwrap();
+            ops(&general_forms(&g, 1).unwrap())
+        };
+        assert_eq!(flip(1 << 31), ["Slice"]);
+        assert_eq!(flip(MAX_REVERSED_LEN + 1), ["Slice"]);
+        assert_eq!(flip(MAX_REVERSED_LEN), ["Gather"]);
     }
 }
