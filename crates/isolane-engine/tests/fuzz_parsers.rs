@@ -554,7 +554,33 @@ fn a_cubic_resize_too_large_to_weigh_is_the_models_error() {
     }
 }
 
-/// Found by `edited_onnx_models_never_panic`: a window whose dilation × kernel or padded size
+/// Found by `edited_onnx_models_never_panic`: a recurrence is unrolled a time step at a time,
+/// and an LSTM whose sequence an edit made 2^31 steps long allocated per step (176 GiB) before
+/// anything else refused it. A sequence past the unrolling cap is the model's error now.
+#[test]
+fn a_recurrence_too_long_to_unroll_is_the_models_error() {
+    use prost::Message as _;
+    let path = fixtures().join("lstm_forward_op14.onnx");
+    let bytes = std::fs::read(&path).unwrap();
+    for value in [1i64 << 31, 1 << 15] {
+        let mut m = isolane_engine::onnx::proto::ModelProto::decode(bytes.as_slice()).unwrap();
+        // The fixture's input is [batch, sequence, features], transposed for the LSTM.
+        edit_model(
+            &mut m,
+            &ModelEdit::InputDim {
+                input: 0,
+                dim: 1,
+                value,
+            },
+        );
+        let model = OnnxModel::from_proto(m, &path).unwrap();
+        let err = import(&model)
+            .expect_err("a sequence past the unrolling cap")
+            .to_string();
+        assert!(err.contains("steps"), "{err}");
+    }
+}
+
 /// passes usize fits nowhere (an error upstream), instead of overflowing.
 #[test]
 fn a_window_past_usize_fits_nowhere() {

@@ -4,7 +4,8 @@
 //! hidden state by the recurrent weights, the gates' activations and the elementwise state
 //! update. They have no IR op of their own, so every backend (the CPU reference and cuda's
 //! plans) runs them with the ops it has; a sequence of `S` steps adds about 12 nodes per step
-//! and direction.
+//! and direction, so a sequence longer than [`MAX_UNROLLED_STEPS`] is refused by name rather
+//! than unrolled into millions of nodes.
 //!
 //! Implemented as the ONNX spec defines them (opsets 7–22): forward, reverse and
 //! bidirectional, both layouts, the biases, initial states (zeros when absent), LSTM's
@@ -18,6 +19,11 @@ use crate::onnx::fold::{Arr, Sym};
 use crate::onnx::import::{fmt_syms, Ctx, Importer, Val};
 use crate::onnx::Result as OnnxResult;
 use crate::ops::ImportFn;
+
+/// The most time steps a recurrence is unrolled into (about 12 nodes a step and direction:
+/// ~200 k nodes here). Longer than any model the conformance suite holds by far; a length past
+/// it is a file's claim that would cost memory in proportion, not a model this engine runs.
+pub const MAX_UNROLLED_STEPS: usize = 1 << 14;
 
 /// The ONNX op types imported as unrolled recurrences.
 pub(crate) const ONNX: &[(&str, ImportFn)] = &[
@@ -209,6 +215,12 @@ impl Importer<'_> {
             )));
         }
         let (seq, input) = (seq.c as usize, input.c as usize);
+        if seq > MAX_UNROLLED_STEPS {
+            return Err(c.bad(format!(
+                "the sequence has {seq} steps; a recurrence is unrolled step by step (about 12 \
+                 nodes a step), and at most {MAX_UNROLLED_STEPS} steps are taken"
+            )));
+        }
         let w = weight(self, c, 1, "W")?.ok_or_else(|| c.bad("required input 1 (W) is missing"))?;
         let r = weight(self, c, 2, "R")?.ok_or_else(|| c.bad("required input 2 (R) is missing"))?;
         if r.shape.len() != 3 || r.shape[0] != dirs || r.shape[1] != g * r.shape[2] {
