@@ -470,17 +470,25 @@ mod tests {
         let d = same_values(&g, 2);
         assert_eq!(ops(&d), ["Slice", "Gather", "Gather"]);
 
-        let mut g = Graph::new("flip_batch");
-        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(3)]);
+        assert_eq!(
+            ops(&general_forms(&flip_one_axis(3, 0), 2).unwrap()),
+            ["Slice"]
+        );
+    }
+
+    /// A graph reversing axis `axis` of an input `[batch, len]`.
+    fn flip_one_axis(len: usize, axis: i64) -> Graph {
+        let mut g = Graph::new("flip_one_axis");
+        let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(len)]);
         let flip = Op::Slice {
             starts: vec![-1],
             ends: vec![i64::MIN],
-            axes: vec![0],
+            axes: vec![axis],
             steps: vec![-1],
         };
         let y = g.add_op("flip", flip, &[x]).unwrap();
         g.add_output(y).unwrap();
-        assert_eq!(ops(&general_forms(&g, 2).unwrap()), ["Slice"]);
+        g
     }
 
     /// Found by the footprint fuzz target: a file claiming a 2^31-long axis made the rewrite
@@ -488,19 +496,7 @@ mod tests {
     /// Slice stays as it is; at the cap it still becomes a Gather.
     #[test]
     fn a_reversed_axis_past_the_cap_keeps_its_slice() {
-        let flip = |len: usize| {
-            let mut g = Graph::new("flip_long");
-            let x = g.add_input("x", vec![Dim::Batch, Dim::Fixed(len)]);
-            let flip = Op::Slice {
-                starts: vec![-1],
-                ends: vec![i64::MIN],
-                axes: vec![1],
-                steps: vec![-1],
-            };
-            let y = g.add_op("flip", flip, &[x]).unwrap();
-            g.add_output(y).unwrap();
-            ops(&general_forms(&g, 1).unwrap())
-        };
+        let flip = |len: usize| ops(&general_forms(&flip_one_axis(len, 1), 1).unwrap());
         assert_eq!(flip(1 << 31), ["Slice"]);
         assert_eq!(flip(MAX_REVERSED_LEN + 1), ["Slice"]);
         assert_eq!(flip(MAX_REVERSED_LEN), ["Gather"]);

@@ -527,29 +527,35 @@ fn a_slice_step_at_the_edge_of_i64_takes_one_element() {
     assert_eq!(p, vec![(0, 2, 3)]);
 }
 
+/// The import error of the fixture `name` with its first input's dimension `dim` edited to
+/// `value`, as `edited_onnx_models_never_panic` edits it.
+fn import_error_with_input_dim(name: &str, dim: usize, value: i64) -> String {
+    use prost::Message as _;
+    let path = fixtures().join(name);
+    let bytes = std::fs::read(&path).unwrap();
+    let mut m = isolane_engine::onnx::proto::ModelProto::decode(bytes.as_slice()).unwrap();
+    edit_model(
+        &mut m,
+        &ModelEdit::InputDim {
+            input: 0,
+            dim,
+            value,
+        },
+    );
+    let model = OnnxModel::from_proto(m, &path).unwrap();
+    import(&model)
+        .expect_err("the edited model is refused")
+        .to_string()
+}
+
 /// Found by `edited_onnx_models_never_panic`: a cubic Resize resized at run time builds a
 /// weight matrix per axis (input × output); an input edited to 2^31 rows asked for one past
 /// usize and panicked in the allocation. It is the model's error now, naming the Resize.
 #[test]
 fn a_cubic_resize_too_large_to_weigh_is_the_models_error() {
-    use prost::Message as _;
-    let path = fixtures().join("resize_cubic_runtime_scales_op13.onnx");
-    let bytes = std::fs::read(&path).unwrap();
     for value in [1i64 << 31, 1 << 20] {
-        let mut m = isolane_engine::onnx::proto::ModelProto::decode(bytes.as_slice()).unwrap();
         // The height alone: the input itself stays within the importer's size limit.
-        edit_model(
-            &mut m,
-            &ModelEdit::InputDim {
-                input: 0,
-                dim: 2,
-                value,
-            },
-        );
-        let model = OnnxModel::from_proto(m, &path).unwrap();
-        let err = import(&model)
-            .expect_err("a weight matrix past the fold cap")
-            .to_string();
+        let err = import_error_with_input_dim("resize_cubic_runtime_scales_op13.onnx", 2, value);
         assert!(err.contains("cubic Resize"), "{err}");
     }
 }
@@ -559,28 +565,14 @@ fn a_cubic_resize_too_large_to_weigh_is_the_models_error() {
 /// anything else refused it. A sequence past the unrolling cap is the model's error now.
 #[test]
 fn a_recurrence_too_long_to_unroll_is_the_models_error() {
-    use prost::Message as _;
-    let path = fixtures().join("lstm_forward_op14.onnx");
-    let bytes = std::fs::read(&path).unwrap();
     for value in [1i64 << 31, 1 << 15] {
-        let mut m = isolane_engine::onnx::proto::ModelProto::decode(bytes.as_slice()).unwrap();
         // The fixture's input is [batch, sequence, features], transposed for the LSTM.
-        edit_model(
-            &mut m,
-            &ModelEdit::InputDim {
-                input: 0,
-                dim: 1,
-                value,
-            },
-        );
-        let model = OnnxModel::from_proto(m, &path).unwrap();
-        let err = import(&model)
-            .expect_err("a sequence past the unrolling cap")
-            .to_string();
+        let err = import_error_with_input_dim("lstm_forward_op14.onnx", 1, value);
         assert!(err.contains("steps"), "{err}");
     }
 }
 
+/// Found by `edited_onnx_models_never_panic`: a window whose dilation × kernel or padded size
 /// passes usize fits nowhere (an error upstream), instead of overflowing.
 #[test]
 fn a_window_past_usize_fits_nowhere() {
