@@ -85,7 +85,14 @@ pub fn kernel_name(func: usize) -> Option<&'static str> {
 pub const LN_VEC_PER_LANE: &[usize] = &[1, 2, 3, 4, 6, 8];
 
 /// Kernels only in the f16 / bf16 modules (tensor-core `mma.sync`, sm_80 and newer).
-pub const HALF_KERNEL_NAMES: &[&str] = &["attention", "qgemm_i8", "qgemm_f8", "qgemm_i8_wg"];
+pub const HALF_KERNEL_NAMES: &[&str] = &[
+    "attention",
+    "qgemm_i8",
+    "qgemm_f8",
+    "qgemm_i8_wg",
+    "conv_stem_n64",
+    "conv_stem_n128",
+];
 
 /// Head dimension of the fused attention kernel.
 pub const ATTN_HEAD_DIM: usize = 64;
@@ -450,6 +457,136 @@ extern "C" __global__ void __launch_bounds__(128, 6) qgemm_i8_wg(const signed ch
     qgemm_wg_entry<64>(xq, w, y, scale, bias, res, ycopy, m, n, k, ak, p0, p1, ys, yq, cs, rs);
 #else
     __trap();
+#endif
+}
+"#;
+/// A direct tensor-core convolution for inputs of few channels (a CNN's stem: 3 channels,
+/// 7×7 stride 2 in resnets), a candidate of the convolution search (`model/conv.rs`):
+/// cuDNN pads such an input to 4 or 8 channels in two extra kernels and runs its first-layer
+/// kernel at a small share of the tensor cores (resnet50 batch 64: 123 µs + 29 µs of padding
+/// under ncu, session 36).
+const STEM: &str = r#"
+// conv_stem_n{64,128}: y = act(conv(x, w) + bias), NHWC, one group, C <= 4 input channels, M
+// <= 64 (128) output channels in runs of 8. A block: 4 warps, each one output row of 16
+// pixels (an m16 tile) of a 4 x 16 tile, all M channels, K = kh * kw * C (padded to kp, a
+// multiple of 16) in k16 steps of mma.sync m16n8k16 (f32 sums). The block keeps the weights
+// in shared memory ([M][kp + 8], padded so that ldmatrix's 8 rows hit distinct banks) and loops
+// over tiles; a tile's input patch (the rows and columns its 64 outputs read, zeros outside
+// the image) comes to shared memory whole, and the A fragments are gathered from it through a
+// table of each k's offset from an output's first input (kofs). A k past K reads that first
+// input, a value of the patch (whatever it is, its weight is 0: an offset past the patch would
+// be past the shared memory for the later rows).
+struct StemP { int n, h, w, c, oh, ow, m, kh, kw, sh, sw, ph, pw, dh, dw, kp, act, tiles_x, tiles_y, cinv; float p0, p1; };
+#define STEM_TR 4
+#define STEM_TC 16
+#define STEM_LOADS 8
+template <int NT>
+__device__ __forceinline__ void conv_stem_body(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                               T* __restrict__ y, const StemP& p) {
+    extern __shared__ __align__(16) unsigned char stem_smem[];
+    int ldw = p.kp + 8, K = p.kh * p.kw * p.c;
+    T* ws = (T*)stem_smem;
+    int* kofs = (int*)(ws + p.m * ldw);
+    T* patch = (T*)(kofs + p.kp);
+    int PH = (STEM_TR - 1) * p.sh + (p.kh - 1) * p.dh + 1;
+    int PWC = ((STEM_TC - 1) * p.sw + (p.kw - 1) * p.dw + 1) * p.c;
+    int psize = PH * PWC;
+    // Loads are issued STEM_LOADS at a time before their stores: a loop of load-then-store
+    // waits out each load's latency in turn (session 36's first form: 0.35 ms for resnet50's
+    // stem at batch 64, cuDNN 0.15).
+    for (int i0 = threadIdx.x; i0 < p.m * p.kp; i0 += STEM_LOADS * 128) {
+        T v[STEM_LOADS];
+#pragma unroll
+        for (int u = 0; u < STEM_LOADS; ++u) {
+            int i = i0 + u * 128, r = i / p.kp, k = i - r * p.kp;
+            v[u] = i < p.m * p.kp && k < K ? w[(long long)r * K + k] : (T)0;
+        }
+#pragma unroll
+        for (int u = 0; u < STEM_LOADS; ++u) {
+            int i = i0 + u * 128, r = i / p.kp, k = i - r * p.kp;
+            if (i < p.m * p.kp) ws[r * ldw + k] = v[u];
+        }
+    }
+    for (int k = threadIdx.x; k < p.kp; k += blockDim.x) {
+        int c = k % p.c, t = k / p.c, kx = t % p.kw, ky = t / p.kw;
+        kofs[k] = k < K ? ky * p.dh * PWC + kx * p.dw * p.c + c : 0;
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // This lane's ldmatrix row: weights row n0 + 8 (mat / 2) + lane % 8, columns k0 + 8 (mat % 2).
+    int mat = lane >> 3;
+    unsigned wsa = (unsigned)__cvta_generic_to_shared(ws) + (((mat >> 1) * 8 + (lane & 7)) * ldw + (mat & 1) * 8) * 2;
+    int ntiles = p.n * p.tiles_y * p.tiles_x;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        int tx = tile % p.tiles_x, rest = tile / p.tiles_x, ty = rest % p.tiles_y, img = rest / p.tiles_y;
+        int oy0 = ty * STEM_TR, ox0 = tx * STEM_TC;
+        int iy0 = oy0 * p.sh - p.ph, ixc0 = (ox0 * p.sw - p.pw) * p.c;
+        const T* xi = x + (long long)img * p.h * p.w * p.c;
+        // The last tile's gathers are done (and, the first time, the weights and table are in).
+        __syncthreads();
+        for (int i0 = threadIdx.x; i0 < psize; i0 += STEM_LOADS * 128) {
+            T v[STEM_LOADS];
+#pragma unroll
+            for (int u = 0; u < STEM_LOADS; ++u) {
+                int i = i0 + u * 128, py = i / PWC, q = ixc0 + i - py * PWC, iy = iy0 + py;
+                // q / c by a multiply (c <= 4, q < 2^15: exact).
+                bool in = i < psize && iy >= 0 && iy < p.h && q >= 0 && ((q * p.cinv) >> 16) < p.w;
+                v[u] = in ? xi[(long long)iy * p.w * p.c + q] : (T)0;
+            }
+#pragma unroll
+            for (int u = 0; u < STEM_LOADS; ++u)
+                if (i0 + u * 128 < psize) patch[i0 + u * 128] = v[u];
+        }
+        __syncthreads();
+        // Rows g and g + 8 of this warp's A: output pixels ox0 + g and ox0 + g + 8 of row oy0 + warp.
+        int b0 = warp * p.sh * PWC + g * p.sw * p.c, b1 = b0 + 8 * p.sw * p.c;
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        for (int k0 = 0; k0 < p.kp; k0 += 16) {
+            int2 o01 = *(const int2*)(kofs + k0 + 2 * t), o23 = *(const int2*)(kofs + k0 + 2 * t + 8);
+            unsigned a[4];
+            a[0] = (unsigned)patch[b0 + o01.x] | ((unsigned)patch[b0 + o01.y] << 16);
+            a[1] = (unsigned)patch[b1 + o01.x] | ((unsigned)patch[b1 + o01.y] << 16);
+            a[2] = (unsigned)patch[b0 + o23.x] | ((unsigned)patch[b0 + o23.y] << 16);
+            a[3] = (unsigned)patch[b1 + o23.x] | ((unsigned)patch[b1 + o23.y] << 16);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                if (j * 8 >= p.m) break;
+                unsigned b[4];
+                ldsm4(wsa + (j * 8 * ldw + k0) * 2, b);
+                mma16816(acc[j], a, b[0], b[1]);
+                if ((j + 1) * 8 < p.m) mma16816(acc[j + 1], a, b[2], b[3]);
+            }
+        }
+        int oy = oy0 + warp;
+        if (oy >= p.oh) continue;
+        T* yr = y + ((long long)img * p.oh + oy) * p.ow * p.m;
+        int ox_a = ox0 + g, ox_b = ox_a + 8;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (j * 8 >= p.m) break;
+            int n = j * 8 + 2 * t;
+            float bi0 = 0.f, bi1 = 0.f;
+            if (bias) { bi0 = ld(bias, n); bi1 = ld(bias, n + 1); }
+            if (ox_a < p.ow)
+                *(unsigned*)(yr + (long long)ox_a * p.m + n) =
+                    f2u2(act(acc[j][0] + bi0, p.act, p.p0, p.p1), act(acc[j][1] + bi1, p.act, p.p0, p.p1));
+            if (ox_b < p.ow)
+                *(unsigned*)(yr + (long long)ox_b * p.m + n) =
+                    f2u2(act(acc[j][2] + bi0, p.act, p.p0, p.p1), act(acc[j][3] + bi1, p.act, p.p0, p.p1));
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(128) conv_stem_n64(const T* __restrict__ x, const T* __restrict__ w,
+                                                                const T* __restrict__ bias, T* __restrict__ y, StemP p) {
+#if __CUDA_ARCH__ >= 800
+    conv_stem_body<8>(x, w, bias, y, p);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(128) conv_stem_n128(const T* __restrict__ x, const T* __restrict__ w,
+                                                                 const T* __restrict__ bias, T* __restrict__ y, StemP p) {
+#if __CUDA_ARCH__ >= 800
+    conv_stem_body<16>(x, w, bias, y, p);
 #endif
 }
 "#;
@@ -2102,8 +2239,8 @@ pub fn source(dtype: DType) -> String {
     }
     match dtype {
         DType::F32 => {}
-        DType::F16 => s.push_str(&ATTENTION.replace("__MMA__", "f16")),
-        DType::Bf16 => s.push_str(&ATTENTION.replace("__MMA__", "bf16")),
+        DType::F16 => s.push_str(&(ATTENTION.to_string() + STEM).replace("__MMA__", "f16")),
+        DType::Bf16 => s.push_str(&(ATTENTION.to_string() + STEM).replace("__MMA__", "bf16")),
     }
     if dtype != DType::F32 {
         s.push_str(QGEMM);

@@ -210,6 +210,12 @@ impl CudaModel {
         &self.quant_choices
     }
 
+    /// The path each convolution of a build kept, in plan order, as the search log names it
+    /// (`gemm`, `cudnn engine 48 fused`, `stem kernel`, …); empty for a saved plan's load.
+    pub fn conv_path_names(&self) -> Vec<&str> {
+        self.conv_paths.iter().map(|p| p.path.as_str()).collect()
+    }
+
     /// The convolution paths kept in `steps` (`crate::rebuild`).
     pub(crate) fn conv_paths_in(
         &self,

@@ -13,6 +13,9 @@ pub enum ConvPaths {
     Cudnn,
     /// `ISOLANE_CUDA_CONV=gemm`: im2col + GEMM only where it applies (no cuDNN search).
     Gemm,
+    /// `ISOLANE_CUDA_CONV=stem`: the direct kernel for inputs of few channels (`conv_stem_*`)
+    /// wherever it applies, untimed; the others as [`ConvPaths::Fastest`].
+    Stem,
 }
 
 impl ConvPaths {
@@ -24,6 +27,12 @@ impl ConvPaths {
     /// Whether the GEMM path is tried.
     pub fn tries_gemm(self) -> bool {
         self != ConvPaths::Cudnn
+    }
+
+    /// Whether the direct kernel for inputs of few channels is tried (it is a kernel of ours:
+    /// not where only one library's paths are asked for).
+    pub fn tries_stem(self) -> bool {
+        matches!(self, ConvPaths::Fastest | ConvPaths::Stem)
     }
 }
 
@@ -230,6 +239,7 @@ impl BuildOptions {
                 Some("cudnn") => ConvPaths::Cudnn,
                 Some("gemm") => ConvPaths::Gemm,
                 Some("fastest") => ConvPaths::Fastest,
+                Some("stem") => ConvPaths::Stem,
                 _ if mps_part && first => ConvPaths::Cudnn,
                 _ if mps_part => ConvPaths::Gemm,
                 _ => ConvPaths::Fastest,
@@ -427,7 +437,11 @@ mod tests {
         let f = with(&[("ISOLANE_CUDA_QUANT_FLOAT", "fp16")]);
         assert_eq!(f.quant_float, QuantFloatInput::ByModel);
         let cudnn = with(&[("ISOLANE_CUDA_CONV", "cudnn")]).conv_paths;
-        assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm());
+        assert!(cudnn.tries_cudnn() && !cudnn.tries_gemm() && !cudnn.tries_stem());
+        let stem = with(&[("ISOLANE_CUDA_CONV", "stem")]).conv_paths;
+        assert_eq!(stem, ConvPaths::Stem);
+        assert!(stem.tries_stem() && stem.tries_cudnn() && stem.tries_gemm());
+        assert!(ConvPaths::Fastest.tries_stem() && !ConvPaths::Gemm.tries_stem());
     }
 
     #[test]

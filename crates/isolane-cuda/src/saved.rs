@@ -44,6 +44,8 @@ pub(crate) enum Choice {
     },
     /// A convolution by im2col + a cuBLASLt GEMM (its algorithm is a matmul choice).
     ConvGemm,
+    /// A convolution by isolane's direct kernel for inputs of few channels (`conv_stem_*`).
+    ConvStem,
     /// A choice that cannot be saved (why): the build goes on, saving it is refused.
     Unsaveable(String),
 }
@@ -235,6 +237,7 @@ impl CudaPart {
                     w.bool(*residual);
                 }
                 Choice::ConvGemm => w.u8(3),
+                Choice::ConvStem => w.u8(5),
                 Choice::Unsaveable(why) => {
                     w.u8(4);
                     w.str(why)
@@ -279,6 +282,7 @@ impl CudaPart {
                 },
                 3 => Choice::ConvGemm,
                 4 => Choice::Unsaveable(r.str()?),
+                5 => Choice::ConvStem,
                 t => return Err(format!("an unknown kind of choice {t}")),
             });
         }
@@ -840,6 +844,7 @@ mod tests {
                     residual: false,
                 },
                 Choice::ConvGemm,
+                Choice::ConvStem,
                 Choice::Pick(3),
             ],
             matmuls: vec![(

@@ -721,6 +721,56 @@ fn a_plan_wrong_at_a_convolution_is_built_again_without_its_path() {
     }
 }
 
+/// The direct kernel for inputs of few channels (`conv_stem_*`, docs/cuda.md), forced
+/// (`ISOLANE_CUDA_CONV=stem`) on the stems of resnet (7×7 stride 2, 64 channels), mobilenet
+/// (3×3 stride 2, 32), ConvNeXt (4×4 stride 4, 128: its patchify stem) and on a one-channel
+/// 5×5 at stride 1 with SiLU and ragged edges, at fp16 and bf16, batches 1 and 3, against the
+/// CPU backend; the build must have kept the kernel.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_stem_kernel_matches_the_cpu_backend() {
+    use isolane_cuda::{BuildOptions, ConvPaths};
+    let relu = Some(Unary::Relu);
+    let graphs = [
+        common::vector_conv_graph([3, 224, 224], 64, 7, 2, 1, relu),
+        common::vector_conv_graph([3, 57, 61], 32, 3, 2, 1, relu),
+        common::vector_conv_graph([3, 64, 48], 128, 4, 4, 1, None),
+        common::vector_conv_graph([1, 23, 37], 16, 5, 1, 1, Some(Unary::Silu)),
+    ];
+    let gpu = CudaBackend::new(0)
+        .expect("cuda backend")
+        .with_build_options(BuildOptions {
+            conv_paths: ConvPaths::Stem,
+            ..BuildOptions::default()
+        });
+    let cpu = CpuBackend::new(1);
+    let mut failures = Vec::new();
+    for g in &graphs {
+        for batch in [1, 3] {
+            let mut c = cpu.compile(g, batch, Precision::Fp32).expect("cpu compile");
+            let x = random(c.input_mut().len(), 5);
+            c.input_mut().copy_from_slice(&x);
+            c.run().expect("cpu run");
+            for p in [Precision::Fp16, Precision::Bf16] {
+                let mut m = gpu.compile_cuda(g, batch, p).expect("compile");
+                let kept = m.conv_path_names().join(", ");
+                m.input_mut().copy_from_slice(&x);
+                m.run().expect("gpu run");
+                let err = rel_l2(m.output(), c.output());
+                let tol = if p == Precision::Fp16 { 5e-3 } else { 2e-2 };
+                println!("{} b{batch} {p}: rel L2 {err:.3e}, kept {kept}", g.name);
+                if err > tol || kept != "stem kernel" {
+                    failures.push(format!(
+                        "{} b{batch} {p}: rel L2 {err:.3e}, kept {kept}",
+                        g.name
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Session 14's kernels on shapes that select them: depthwise 3×3, 5×5 and 7×7 at strides 1 and
 /// 2 (the 16-byte vector kernels, timed against the older ones), dense, grouped and 1×1
 /// convolutions with bias and ReLU or SiLU (cuDNN's graph API, its epilogue fused or followed by

@@ -395,9 +395,25 @@ pub(super) fn record_conv(
             Err(_) => {}
         }
     }
+    // The direct kernel for inputs of few channels: forced (ISOLANE_CUDA_CONV=stem), or last
+    // among the candidates and kept where it beats the libraries' fastest.
+    let stem = paths.tries_stem()
+        && !rec.options.first_choice
+        && !barred.contains(&STEM_PATH)
+        && stem_refusal(rec.dtype, rec.arch, c).is_none();
+    if stem && paths == crate::options::ConvPaths::Stem {
+        return keep_stem(m, rec, c, step, shape);
+    }
+    if stem {
+        candidates.push((vec![stem_launch(rec, c)], f32::INFINITY));
+    }
     if !rec.options.first_choice {
         time_candidates(m, rec, &mut candidates).map_err(err)?;
     }
+    let stem_time = match stem {
+        true => candidates.pop().map(|(_, t)| t),
+        false => None,
+    };
     let n_dnn = dnn_descs.len();
     let bounds = [n_dnn, graph_first, n_dnn_all];
     let name = |i: usize| conv_path_name(m, &dnn_descs, &graph_idxs, bounds, i);
@@ -430,13 +446,26 @@ pub(super) fn record_conv(
         (Some(d), false) => d,
         (None, false) => return Err(err(EngineError::Runtime("no convolution path".into()))),
     };
+    // A failed run (NaN) never wins; a tie keeps the library's path.
+    let stem_wins = stem_time.is_some_and(|t| t.total_cmp(&candidates[chosen].1).is_lt());
     if rec.options.search_log {
-        let times: Vec<String> = candidates
+        let mut times: Vec<String> = candidates
             .iter()
             .enumerate()
             .map(|(i, (_, ms))| format!("{} {:.4} ms", name(i), ms))
             .collect();
-        log_conv_search("conv", c, &times, chosen);
+        if let Some(t) = stem_time {
+            times.push(format!("{STEM_PATH} {t:.4} ms"));
+        }
+        log_conv_search(
+            "conv",
+            c,
+            &times,
+            if stem_wins { times.len() - 1 } else { chosen },
+        );
+    }
+    if stem_wins {
+        return keep_stem(m, rec, c, step, shape);
     }
     if rec.choices.borrow().recording() {
         rec.choices
@@ -450,6 +479,31 @@ pub(super) fn record_conv(
     };
     m.conv_paths.push(kept);
     m.launches.extend(candidates.swap_remove(chosen).0);
+    Ok(())
+}
+
+/// The name of the direct kernel's path, as the search log writes it and a check bars it.
+const STEM_PATH: &str = "stem kernel";
+
+/// Keeps the direct kernel for inputs of few channels at convolution `c` (step `step`).
+fn keep_stem(
+    m: &mut CudaModel,
+    rec: &Recorder,
+    c: &ConvStep,
+    step: usize,
+    shape: String,
+) -> Result<()> {
+    if rec.choices.borrow().recording() {
+        rec.choices
+            .borrow_mut()
+            .note(crate::saved::Choice::ConvStem);
+    }
+    m.conv_paths.push(crate::rebuild::StepPath {
+        step,
+        path: STEM_PATH.to_string(),
+        shape,
+    });
+    m.launches.push(stem_launch(rec, c));
     Ok(())
 }
 
@@ -662,6 +716,16 @@ pub(super) fn replay_conv(
                 m.launches.push(conv_epilogue(rec, c, false, false));
             }
         }
+        Choice::ConvStem => match stem_refusal(rec.dtype, rec.arch, c) {
+            None => m.launches.push(stem_launch(rec, c)),
+            Some(why) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the saved plan runs a convolution by isolane's direct kernel for few \
+                     channels, which cannot run it here ({why}); build it again with \
+                     `isolane build`"
+                )))
+            }
+        },
         other => {
             return Err(EngineError::InvalidArgument(format!(
                 "the saved plan holds {other:?} for a convolution it cannot run so; build it \
@@ -756,6 +820,104 @@ pub(super) fn conv_epilogue(
         },
         c.act,
     )
+}
+
+/// Output rows and columns of a `conv_stem_*` tile (`STEM_TR`, `STEM_TC` in the kernel).
+const STEM_TILE: (usize, usize) = (4, 16);
+/// The most blocks of a `conv_stem_*` launch (they loop over the tiles, each loading the
+/// weights once): eight an SM of an H200, as a constant so that a plan's launches are the same
+/// in every partition.
+const STEM_MAX_BLOCKS: usize = 8 * 132;
+/// Bytes of the `StemP` fields a kernel reads as a multiply for `/ C` (exact below 2^15).
+const STEM_ROW_LIMIT: usize = 1 << 15;
+
+/// Why the direct kernel for inputs of few channels (`conv_stem_*`) cannot run `c`, if it
+/// cannot: it is a 16-bit tensor-core kernel (sm_80+) for NHWC convolutions of one group and
+/// C ≤ 4 input channels, M ≤ 128 output channels in runs of 16, K = kh·kw·C ≤ 256, no
+/// residual, its weights, table and input patch within 48 KiB of shared memory.
+pub(super) fn stem_refusal(dtype: DType, arch: (i32, i32), c: &ConvStep) -> Option<String> {
+    let [_, ch, h, w] = c.x_shape;
+    let [m, _, kh, kw] = c.w_shape;
+    let k = kh * kw * ch;
+    let why = if dtype == DType::F32 || arch.0 < 8 {
+        "it is a 16-bit tensor-core kernel (sm_80 and newer)".to_string()
+    } else if !c.gemm_capable() || c.residual.is_some() {
+        "it runs NHWC convolutions of one group without a residual".to_string()
+    } else if ch > 4 || m > 128 || !m.is_multiple_of(16) || k > 256 {
+        format!("C = {ch} > 4, M = {m} not a multiple of 16 up to 128, or K = {k} > 256")
+    } else if w * ch >= STEM_ROW_LIMIT || stem_shared(c) > 48 * 1024 {
+        format!("an input row of {w} × {ch} or the patch of {h} rows is too large")
+    } else {
+        return None;
+    };
+    Some(why)
+}
+
+/// K padded to whole k16 steps.
+fn stem_kp(c: &ConvStep) -> usize {
+    (c.w_shape[2] * c.w_shape[3] * c.x_shape[1]).div_ceil(16) * 16
+}
+
+/// The dynamic shared memory of a `conv_stem_*` launch: the weights `[M][kp + 8]`, the
+/// offset table (kp ints) and the tile's input patch.
+fn stem_shared(c: &ConvStep) -> usize {
+    let (tr, tc) = STEM_TILE;
+    let kp = stem_kp(c);
+    let ph = (tr - 1) * c.strides[0] + (c.w_shape[2] - 1) * c.dilations[0] + 1;
+    let pw = (tc - 1) * c.strides[1] + (c.w_shape[3] - 1) * c.dilations[1] + 1;
+    (c.w_shape[0] * (kp + 8) * 2 + kp * 4 + ph * pw * c.x_shape[1] * 2).div_ceil(16) * 16
+}
+
+/// The direct kernel for inputs of few channels on `c` (the caller checked
+/// [`stem_refusal`]): bias and activation fused, y written NHWC.
+pub(super) fn stem_launch(rec: &Recorder, c: &ConvStep) -> Launch {
+    let [n, ch, h, w] = c.x_shape;
+    let [m, _, kh, kw] = c.w_shape;
+    let [_, _, oh, ow] = c.y_shape;
+    let (tr, tc) = STEM_TILE;
+    let (tiles_y, tiles_x) = (oh.div_ceil(tr), ow.div_ceil(tc));
+    let (act, p0, p1) = crate::plan::act_code(c.act, rec.dtype);
+    let i = |v: usize| v as i32;
+    let v = [
+        i(n),
+        i(h),
+        i(w),
+        i(ch),
+        i(oh),
+        i(ow),
+        i(m),
+        i(kh),
+        i(kw),
+        i(c.strides[0]),
+        i(c.strides[1]),
+        i(c.pads[0]),
+        i(c.pads[1]),
+        i(c.dilations[0]),
+        i(c.dilations[1]),
+        i(stem_kp(c)),
+        act,
+        i(tiles_x),
+        i(tiles_y),
+        i(65536usize.div_ceil(ch)),
+    ];
+    let tiles = n * tiles_y * tiles_x;
+    Launch::Kernel {
+        func: rec.func(if m > 64 {
+            "conv_stem_n128"
+        } else {
+            "conv_stem_n64"
+        }),
+        grid: tiles.min(STEM_MAX_BLOCKS) as u32,
+        block: 128,
+        shared: stem_shared(c) as u32,
+        args: vec![
+            Arg::Ptr(rec.ptr(c.x)),
+            Arg::Ptr(rec.ptr(c.w)),
+            Arg::Ptr(c.bias.map_or(0, |b| rec.ptr(b))),
+            Arg::Ptr(rec.ptr(c.y)),
+            Arg::Stem(Box::new(StemP { v, p0, p1 })),
+        ],
+    }
 }
 
 /// The im2col kernel that lowers a convolution's input into `col` for the GEMM path.
@@ -948,4 +1110,74 @@ pub(super) fn dw_vec_kernels(rec: &Recorder, c: &ConvStep, ptrs: &[u64]) -> Vec<
         })
         .filter(|&(_, threads)| threads <= i32::MAX as usize)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stem_refusal, stem_shared, ConvStep};
+    use crate::plan::{DType, Loc};
+
+    fn conv(x: [usize; 4], w: [usize; 4], s: usize, p: usize) -> ConvStep {
+        let at = |id| Loc::Storage { id, offset: 0 };
+        let o = |i: usize| (x[2 + i] + 2 * p - w[2 + i]) / s + 1;
+        ConvStep {
+            x: at(0),
+            w: Loc::Const { id: 0, offset: 0 },
+            bias: None,
+            residual: None,
+            y: at(1),
+            x_shape: x,
+            w_shape: w,
+            y_shape: [x[0], w[0], o(0), o(1)],
+            pads: [p, p],
+            strides: [s, s],
+            dilations: [1, 1],
+            groups: 1,
+            act: None,
+            nhwc: true,
+            col: Some(at(2)),
+        }
+    }
+
+    /// The direct kernel takes the stems of resnet, mobilenet and ConvNeXt at 16-bit
+    /// precisions on sm_80 and newer, and says why it refuses the rest.
+    #[test]
+    fn the_stem_kernel_takes_few_channel_stems_and_says_why_not_others() {
+        let resnet = conv([64, 3, 224, 224], [64, 3, 7, 7], 2, 3);
+        let mobilenet = conv([1, 3, 224, 224], [32, 3, 3, 3], 2, 1);
+        let convnext = conv([8, 3, 224, 224], [128, 3, 4, 4], 4, 0);
+        for c in [&resnet, &mobilenet, &convnext] {
+            for d in [DType::F16, DType::Bf16] {
+                assert_eq!(stem_refusal(d, (9, 0), c), None, "{c:?}");
+                assert_eq!(stem_refusal(d, (8, 0), c), None);
+            }
+            assert!(stem_shared(c) <= 48 * 1024);
+        }
+        // resnet's: weights 64 × (160 + 8) halves, 160 offsets, a patch of 13 × 37 × 3.
+        assert_eq!(
+            stem_shared(&resnet),
+            (64 * 168 * 2 + 160 * 4 + 13 * 37 * 3 * 2usize).div_ceil(16) * 16
+        );
+        let why = |d, arch, c: &ConvStep| stem_refusal(d, arch, c).expect("refused");
+        assert!(why(DType::F32, (9, 0), &resnet).contains("16-bit"));
+        assert!(why(DType::F16, (7, 5), &resnet).contains("sm_80"));
+        let wide = conv([1, 16, 56, 56], [64, 16, 3, 3], 1, 1);
+        assert!(why(DType::F16, (9, 0), &wide).contains("C = 16 > 4"));
+        let odd = conv([1, 3, 56, 56], [24, 3, 3, 3], 1, 1);
+        assert!(why(DType::F16, (9, 0), &odd).contains("M = 24"));
+        let vit = conv([1, 3, 224, 224], [768, 3, 16, 16], 16, 0);
+        assert!(why(DType::F16, (9, 0), &vit).contains("M = 768"));
+        let skip = ConvStep {
+            residual: Some(Loc::Storage { id: 3, offset: 0 }),
+            ..resnet.clone()
+        };
+        assert!(why(DType::F16, (9, 0), &skip).contains("residual"));
+        let nchw = ConvStep {
+            nhwc: false,
+            ..resnet.clone()
+        };
+        assert!(why(DType::F16, (9, 0), &nchw).contains("NHWC"));
+        let huge = conv([1, 3, 224, 12000], [64, 3, 7, 7], 2, 3);
+        assert!(why(DType::F16, (9, 0), &huge).contains("too large"));
+    }
 }

@@ -65,6 +65,16 @@ pub(super) fn strides4(shape: &[usize; 4], nhwc: bool) -> [i64; 4] {
     [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64]
 }
 
+/// `StemP` of the `conv_stem_*` kernels: n, h, w, c, oh, ow, m, kh, kw, sh, sw, ph, pw, dh,
+/// dw, kp, act, tiles_x, tiles_y, cinv; then the activation's p0, p1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StemP {
+    pub(super) v: [i32; 20],
+    pub(super) p0: f32,
+    pub(super) p1: f32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ImP {
@@ -126,6 +136,7 @@ pub(super) enum Arg {
     Dw(Box<DwP>),
     Im(Box<ImP>),
     Attn(Box<AttnP>),
+    Stem(Box<StemP>),
 }
 
 impl Arg {
@@ -141,6 +152,7 @@ impl Arg {
             Arg::Dw(b) => &**b as *const DwP as *mut c_void,
             Arg::Im(b) => &**b as *const ImP as *mut c_void,
             Arg::Attn(b) => &**b as *const AttnP as *mut c_void,
+            Arg::Stem(b) => &**b as *const StemP as *mut c_void,
         }
     }
 }
