@@ -1139,6 +1139,23 @@ mod tests {
         }
     }
 
+    /// The launch's `StemP` is the kernel's: 20 ints, then two floats, no padding.
+    #[test]
+    fn the_stem_parameters_match_the_kernels_struct() {
+        use crate::plan::DType;
+        let src = crate::kernels::source(DType::F16);
+        let at = src.find("struct StemP {").expect("the kernel's struct") + "struct StemP {".len();
+        let body = &src[at..at + src[at..].find("};").expect("closed")];
+        let count = |ty: &str| {
+            body.split(';')
+                .filter_map(|f| f.trim().strip_prefix(ty))
+                .map(|names| names.split(',').count())
+                .sum::<usize>()
+        };
+        assert_eq!((count("int "), count("float ")), (20, 2), "{body}");
+        assert_eq!(std::mem::size_of::<super::StemP>(), 22 * 4);
+    }
+
     /// The direct kernel takes the stems of resnet, mobilenet and ConvNeXt at 16-bit
     /// precisions on sm_80 and newer, and says why it refuses the rest.
     #[test]
