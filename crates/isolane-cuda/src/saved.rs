@@ -844,7 +844,6 @@ mod tests {
                     residual: false,
                 },
                 Choice::ConvGemm,
-                Choice::ConvStem,
                 Choice::Pick(3),
             ],
             matmuls: vec![(
@@ -881,6 +880,10 @@ mod tests {
         other.sm_count = 0;
         let e = CudaPart::from_bytes(&other.to_bytes()).unwrap_err();
         assert!(e.contains("SM count"), "{e}");
+        // The stem kernel's choice (session 36) round-trips too.
+        let mut stem = part();
+        stem.steps.push(Choice::ConvStem);
+        assert_eq!(CudaPart::from_bytes(&stem.to_bytes()).unwrap(), stem);
     }
 
     /// A build tells cuBLASLt the SMs its device reports, cuDNN's heuristics nothing (their
