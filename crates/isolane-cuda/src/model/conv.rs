@@ -828,7 +828,8 @@ const STEM_TILE: (usize, usize) = (4, 16);
 /// weights once): eight an SM of an H200, as a constant so that a plan's launches are the same
 /// in every partition.
 const STEM_MAX_BLOCKS: usize = 8 * 132;
-/// Bytes of the `StemP` fields a kernel reads as a multiply for `/ C` (exact below 2^15).
+/// The longest input row (W·C elements) a `conv_stem_*` kernel takes: it divides an offset
+/// in the row by C as a multiply and a shift, exact below 2^15.
 const STEM_ROW_LIMIT: usize = 1 << 15;
 
 /// Why the direct kernel for inputs of few channels (`conv_stem_*`) cannot run `c`, if it
@@ -836,7 +837,7 @@ const STEM_ROW_LIMIT: usize = 1 << 15;
 /// C ≤ 4 input channels, M ≤ 128 output channels in runs of 16, K = kh·kw·C ≤ 256, no
 /// residual, its weights, table and input patch within 48 KiB of shared memory.
 pub(super) fn stem_refusal(dtype: DType, arch: (i32, i32), c: &ConvStep) -> Option<String> {
-    let [_, ch, h, w] = c.x_shape;
+    let [_, ch, _, w] = c.x_shape;
     let [m, _, kh, kw] = c.w_shape;
     let k = kh * kw * ch;
     let why = if dtype == DType::F32 || arch.0 < 8 {
@@ -846,7 +847,10 @@ pub(super) fn stem_refusal(dtype: DType, arch: (i32, i32), c: &ConvStep) -> Opti
     } else if ch > 4 || m > 128 || !m.is_multiple_of(16) || k > 256 {
         format!("C = {ch} > 4, M = {m} not a multiple of 16 up to 128, or K = {k} > 256")
     } else if w * ch >= STEM_ROW_LIMIT || stem_shared(c) > 48 * 1024 {
-        format!("an input row of {w} × {ch} or the patch of {h} rows is too large")
+        format!(
+            "an input row of {w} × {ch} elements (the kernel takes fewer than {STEM_ROW_LIMIT}) \
+             or its weights and patch (past 48 KiB of shared memory) are too large"
+        )
     } else {
         return None;
     };
@@ -1142,7 +1146,6 @@ mod tests {
     /// The launch's `StemP` is the kernel's: 20 ints, then two floats, no padding.
     #[test]
     fn the_stem_parameters_match_the_kernels_struct() {
-        use crate::plan::DType;
         let src = crate::kernels::source(DType::F16);
         let at = src.find("struct StemP {").expect("the kernel's struct") + "struct StemP {".len();
         let body = &src[at..at + src[at..].find("};").expect("closed")];
