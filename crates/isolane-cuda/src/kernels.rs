@@ -467,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) qgemm_i8_wg(const signed ch
 /// under ncu, session 36).
 const STEM: &str = r#"
 // conv_stem_n{64,128}: y = act(conv(x, w) + bias), NHWC, one group, C <= 4 input channels, M
-// <= 64 (128) output channels in runs of 8. A block: 4 warps, each one output row of 16
+// <= 64 (128) output channels in runs of 16 (ldmatrix takes two n8 tiles). A block: 4 warps, each one output row of 16
 // pixels (an m16 tile) of a 4 x 16 tile, all M channels, K = kh * kw * C (padded to kp, a
 // multiple of 16) in k16 steps of mma.sync m16n8k16 (f32 sums). The block keeps the weights
 // in shared memory ([M][kp + 8], padded so that ldmatrix's 8 rows hit distinct banks) and loops
