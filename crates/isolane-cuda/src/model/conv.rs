@@ -291,6 +291,15 @@ pub(super) fn record_conv(
         .filter(|b| b.step == step || b.shape == shape)
         .map(|b| b.path.as_str())
         .collect();
+    // The direct kernel for inputs of few channels: forced (ISOLANE_CUDA_CONV=stem), before
+    // any library candidate is made, or timed last and kept where it beats their fastest.
+    let stem = paths.tries_stem()
+        && !rec.options.first_choice
+        && !barred.contains(&STEM_PATH)
+        && stem_refusal(rec.dtype, rec.arch, c).is_none();
+    if stem && paths == crate::options::ConvPaths::Stem {
+        return keep_stem(m, rec, c, step, shape);
+    }
     // The cuDNN candidates: the algorithm chosen for an equal convolution earlier in this
     // build, else cuDNN's top few.
     let cached = conv_cache
@@ -394,15 +403,6 @@ pub(super) fn record_conv(
             }
             Err(_) => {}
         }
-    }
-    // The direct kernel for inputs of few channels: forced (ISOLANE_CUDA_CONV=stem), or last
-    // among the candidates and kept where it beats the libraries' fastest.
-    let stem = paths.tries_stem()
-        && !rec.options.first_choice
-        && !barred.contains(&STEM_PATH)
-        && stem_refusal(rec.dtype, rec.arch, c).is_none();
-    if stem && paths == crate::options::ConvPaths::Stem {
-        return keep_stem(m, rec, c, step, shape);
     }
     if stem {
         candidates.push((vec![stem_launch(rec, c)], f32::INFINITY));
