@@ -673,18 +673,21 @@ extern "C" __global__ void cast_in(const float* __restrict__ x, T* __restrict__ 
     GRID_STRIDE(i, n) st(y, i, x[i]);
 }
 // cast_in writing channels last: pixel p of item b (p < hw) takes x[(b·c + ch)·hw + p] for
-// each channel ch into y[(b·hw + p)·c + ch]. 32-bit indices when the size allows it.
+// each channel ch into y[(b·hw + p)·cp + ch], then zeros for channels c .. cp - 1 (an RGB
+// stem stored as 4 channels). 32-bit indices when the size allows it.
 template <typename I>
-__device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, I hw) {
+__device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, int cp, I hw) {
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += (I)gridDim.x * blockDim.x) {
         I b = i / hw, p = i - b * hw;
         const float* xp = x + b * c * hw + p;
-        for (int ch = 0; ch < c; ++ch) st(y, i * c + ch, xp[ch * hw]);
+        for (int ch = 0; ch < c; ++ch) st(y, i * cp + ch, xp[ch * hw]);
+        for (int ch = c; ch < cp; ++ch) st(y, i * cp + ch, 0.f);
     }
 }
-extern "C" __global__ void cast_in_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int c, long long hw) {
-    if (pixels * c < 2147483647LL) cast_in_nhwc_body<int>(x, y, (int)pixels, c, (int)hw);
-    else cast_in_nhwc_body<long long>(x, y, pixels, c, hw);
+extern "C" __global__ void cast_in_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int c, int cp,
+                                        long long hw) {
+    if (pixels * cp < 2147483647LL) cast_in_nhwc_body<int>(x, y, (int)pixels, c, cp, (int)hw);
+    else cast_in_nhwc_body<long long>(x, y, pixels, c, cp, hw);
 }
 extern "C" __global__ void cast_out(const T* __restrict__ x, float* __restrict__ y, long long n) {
     GRID_STRIDE(i, n) y[i] = ld(x, i);
@@ -1345,14 +1348,32 @@ __device__ __forceinline__ void dw_c2(const T* __restrict__ x, const T* __restri
     }
 }
 
-// Mean over hw of NHWC [n, hw, c] → [n, c]; one thread per (n, c), coalesced along c.
+// Mean over hw of NHWC [n, hw, c] → [n, c]. A block (256 threads) takes 32 channels of one
+// item: thread (r, l) sums rows r, r + 8, ... of channel l (coalesced along c), and the 8
+// partial sums of a channel meet in shared memory. One thread per (n, c) summing all hw rows
+// (the first form) gave resnet50 at batch 1 8 blocks of 49 dependent loads each: 12 µs under
+// ncu (session 36). The sum's order depends only on hw, not on the grid.
+#define CHAN_MEAN_ROWS 8
 extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y, long long n, long long c, long long hw) {
-    GRID_STRIDE(i, n * c) {
-        long long b = i / c, ch = i % c;
-        const T* xp = x + b * hw * c + ch;
+    __shared__ float part[CHAN_MEAN_ROWS][33];
+    int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+    long long groups = (c + 31) / 32;
+    for (long long blk = blockIdx.x; blk < n * groups; blk += gridDim.x) {
+        long long b = blk / groups, ch = (blk - b * groups) * 32 + lane;
         float s = 0.f;
-        for (long long j = 0; j < hw; ++j) s += ld(xp, j * c);
-        st(y, i, s / (float)hw);
+        if (ch < c) {
+            const T* xp = x + b * hw * c + ch;
+            for (long long j = r; j < hw; j += CHAN_MEAN_ROWS) s += ld(xp, j * c);
+        }
+        part[r][lane] = s;
+        __syncthreads();
+        if (r == 0 && ch < c) {
+            float t = 0.f;
+#pragma unroll
+            for (int k = 0; k < CHAN_MEAN_ROWS; ++k) t += part[k][lane];
+            st(y, b * c + ch, t / (float)hw);
+        }
+        __syncthreads();
     }
 }
 

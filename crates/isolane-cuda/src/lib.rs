@@ -61,7 +61,10 @@ pub use transfer::{CopyPath, DeviceF32, InputCopier};
 ///    own launches are not this kernel's).
 /// 7: session 34 (a pool read only by quantized products writes their bytes: a calibrated
 ///    resnet's plan has other steps and buffers; a saved plan of 6 is refused).
-pub const ENGINE_REVISION: u32 = 7;
+/// 8: session 37 (an RGB input read only by convolutions is stored as 4 channels and the
+///    stem filters padded alike: a CNN's plan has other steps, constants and buffers; a saved
+///    plan of 7 is refused).
+pub const ENGINE_REVISION: u32 = 8;
 
 /// How [`CudaBackend::compile_cuda_with`] compiles.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -299,9 +299,12 @@ pub enum StepKind {
         x: Loc,
         y: Loc,
         n: usize,
-        /// `(C, H·W)` where y is written channels last: each item's `[C, H·W]` planes become
-        /// `[H·W, C]` rows, as its convolutions read it (no layout copy after the cast).
-        nhwc: Option<(usize, usize)>,
+        /// `(C, H·W, P)` where y is written channels last: each item's `[C, H·W]` planes become
+        /// `[H·W, P]` rows, as its convolutions read it (no layout copy after the cast), each
+        /// pixel's C values followed by P − C zeros (P > C: an RGB stem stored as 4 channels,
+        /// which cuDNN's first-layer kernel reads without padding it in two kernels of its
+        /// own).
+        nhwc: Option<(usize, usize, usize)>,
     },
     /// activation dtype → f32 staging buffer (graph outputs).
     CastOut {
@@ -799,6 +802,9 @@ struct Planner<'g> {
     nhwc: Vec<bool>,
     plain_of: Vec<Option<Loc>>,
     nhwc_of: Vec<Option<Loc>>,
+    /// Value → the channel count it is stored with, NHWC, past its own channels zeros
+    /// ([`Planner::stem_channel_pad`]); its `vstrides` describe that storage.
+    cpad: Vec<Option<usize>>,
     storages: Vec<Storage>,
     steps: Vec<Step>,
     consts: Vec<Arc<Tensor>>,
@@ -897,14 +903,17 @@ impl Planner<'_> {
     fn channels_last(&mut self, v: usize, node: &str) -> Result<Loc> {
         let l = self.raw(v, node)?;
         let shape = self.shapes[v].clone();
-        if self.nhwc[v] || shape[2] * shape[3] == 1 || shape[1] == 1 {
+        // A view (`vstrides`) is NHWC only when its strides say so.
+        let viewed = self.vstrides[v].is_some();
+        let nhwc = phys_strides(&shape, true);
+        if self.strides(v) == nhwc || (!viewed && (shape[2] * shape[3] == 1 || shape[1] == 1)) {
             return Ok(l);
         }
         if let Some(p) = self.nhwc_of[v] {
             self.touch(p);
             return Ok(p);
         }
-        let strides = [phys_strides(&shape, true), contiguous_strides(&shape)];
+        let strides = [nhwc, self.strides(v)];
         let y = self.layout_copy(v, l, node, "to NHWC", strides)?;
         self.nhwc_of[v] = Some(y);
         Ok(y)
@@ -1265,6 +1274,7 @@ impl<'g> Planner<'g> {
             nhwc: vec![false; nv],
             plain_of: vec![None; nv],
             nhwc_of: vec![None; nv],
+            cpad: vec![None; nv],
             storages: Vec::new(),
             steps: Vec::new(),
             consts: Vec::new(),
@@ -1294,13 +1304,25 @@ impl<'g> Planner<'g> {
             let n = p.numel(i);
             let staging = p.new_storage(n * 4);
             let nhwc = p.read_channels_last(i, pat).then(|| {
-                p.nhwc[i] = true;
-                (p.shapes[i][1], p.shapes[i][2] * p.shapes[i][3])
+                let sh = &p.shapes[i];
+                let (c, hw) = (sh[1], sh[2] * sh[3]);
+                match p.stem_channel_pad(i, pat) {
+                    Some(padded) => {
+                        p.vstrides[i] = Some(vec![padded * hw, 1, padded * sh[3], padded]);
+                        p.cpad[i] = Some(padded);
+                    }
+                    None => p.nhwc[i] = true,
+                }
+                (c, hw, p.cpad[i].unwrap_or(c))
             });
+            let stored = match nhwc {
+                Some((c, _, padded)) => n / c * padded,
+                None => n,
+            };
             let st = if dtype == DType::F32 && nhwc.is_none() {
                 staging
             } else {
-                let s = p.new_storage(n * es);
+                let s = p.new_storage(stored * es);
                 p.push(
                     &format!("cast input {}", g.values[i].name),
                     StepKind::CastIn {
@@ -1360,6 +1382,36 @@ impl<'g> Planner<'g> {
             && pat.users_of[v].iter().all(|&u| reads_nhwc(u))
     }
 
+    /// The channel count to store input `v` with when it is an RGB image read only by
+    /// convolutions of one group with constant filters (directly or through a per-tensor
+    /// FakeQuant that emits a value): 4, zeros in the fourth channel, and each filter padded
+    /// alike. cuDNN pads a 3-channel NHWC input to 4 in two kernels of its own before its
+    /// first-layer kernel, every run (resnet50 at batch 64: ~29 µs, session 37); given 4 it
+    /// runs that kernel alone. Known after [`Planner::find_quant_gemms`] (a quantized
+    /// product reads bytes, not this storage).
+    fn stem_channel_pad(&self, v: usize, pat: &Patterns) -> Option<usize> {
+        let g = self.g;
+        let padded_conv = |u: usize, x: usize| {
+            let n = &g.nodes[u];
+            matches!(&n.op, Op::Conv(a) if a.groups == 1)
+                && self.quant[u].is_none()
+                && n.inputs[0] == x
+                && n.inputs[1..].iter().all(|&i| i != x)
+                && matches!(g.values[n.inputs[1]].kind, ValueKind::Constant(_))
+        };
+        let reads_padded = |u: usize| {
+            if padded_conv(u, v) {
+                return true;
+            }
+            let n = &g.nodes[u];
+            let y = n.outputs[0];
+            matches!(&n.op, Op::FakeQuant(fq) if fq.scales.len() == 1)
+                && !self.fq_skip[u]
+                && pat.users_of[y].iter().all(|&r| padded_conv(r, y))
+        };
+        (self.shapes[v][1] == 3 && pat.users_of[v].iter().all(|&u| reads_padded(u))).then_some(4)
+    }
+
     /// Outputs: cast (or copy) into their own f32 staging storage, alive to the end (`end`).
     fn stage_outputs(&mut self, dtype: DType, end: usize) -> Result<Vec<Io>> {
         let g = self.g;
@@ -1404,8 +1456,8 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
     let dtype = DType::of(precision);
     let mut p = Planner::new(g, g.infer_shapes(batch)?, dtype.size(), opts);
     let pat = Patterns::find(g, &p.shapes, opts);
-    let inputs = p.stage_inputs(dtype, &pat);
     p.find_quant_gemms(&pat);
+    let inputs = p.stage_inputs(dtype, &pat);
     let fq_skip = p.fq_skip.clone();
     for (ni, n) in g.nodes.iter().enumerate() {
         if ni > 0 {

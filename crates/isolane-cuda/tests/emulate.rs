@@ -191,12 +191,17 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             x,
             y,
             n,
-            nhwc: Some((c, hw)),
+            nhwc: Some((c, hw, padded)),
         } => {
             for i in 0..*n {
                 let (b, ch, px) = (i / (c * hw), i / hw % c, i % hw);
                 let v = m.get(*x, i);
-                m.set(*y, (b * hw + px) * c + ch, v);
+                m.set(*y, (b * hw + px) * padded + ch, v);
+                if ch == 0 {
+                    for pad in *c..*padded {
+                        m.set(*y, (b * hw + px) * padded + pad, 0.0);
+                    }
+                }
             }
         }
         StepKind::CastIn { x, y, n, .. } | StepKind::CastOut { x, y, n } => {
@@ -3241,11 +3246,22 @@ fn a_cnn_input_is_cast_channels_last_once() {
     let p = plan::plan(&g, batch, Precision::Fp32).unwrap();
     match &p.steps[0].kind {
         StepKind::CastIn { nhwc, n, .. } => {
-            assert_eq!(*nhwc, Some((3, 144)));
+            // Stored as 4 channels (a zero fourth), which the stem's convolution reads with
+            // its filter padded alike.
+            assert_eq!(*nhwc, Some((3, 144, 4)));
             assert_eq!(*n, batch * 3 * 144);
         }
         other => panic!("the first step: {other:?}"),
     }
+    let stem = p
+        .steps
+        .iter()
+        .find_map(|s| match &s.kind {
+            StepKind::Conv(c) if s.name.starts_with("c1") => Some(c),
+            _ => None,
+        })
+        .expect("the stem convolution");
+    assert_eq!((stem.x_shape[1], stem.w_shape[1]), (4, 4), "{stem:?}");
     assert!(
         !layout_copies(&p).iter().any(|n| n.starts_with("c1")),
         "{:?}",
@@ -3267,7 +3283,7 @@ fn a_cnn_input_is_cast_channels_last_once() {
         matches!(
             p.steps[0].kind,
             StepKind::CastIn {
-                nhwc: Some((3, 144)),
+                nhwc: Some((3, 144, 4)),
                 ..
             }
         ),

@@ -194,8 +194,10 @@ pub(super) fn record_step(
             x,
             y,
             n,
-            nhwc: Some((c, hw)),
-        } => m.launches.push(cast_in_nhwc(rec, [*x, *y], *n, *c, *hw)),
+            nhwc: Some((c, hw, padded)),
+        } => m
+            .launches
+            .push(cast_in_nhwc(rec, [*x, *y], *n, [*c, *padded], *hw)),
         StepKind::CastOut { x, y, n } => m.launches.push(cast_launch(rec, "cast_out", *x, *y, *n)),
         StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
@@ -271,8 +273,9 @@ pub(super) fn record_step(
         StepKind::Pool(pool) => record_pool(m, rec, pool),
         StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
             func: rec.func("chan_mean"),
-            grid: elementwise_grid(n * c),
-            block: BLOCK,
+            // A block of 256 threads a 32-channel group of one item (the kernel's comment).
+            grid: (n * c.div_ceil(32)).clamp(1, 8192) as u32,
+            block: 256,
             shared: 0,
             args: vec![
                 Arg::Ptr(rec.ptr(*x)),
@@ -369,8 +372,15 @@ pub(super) fn cast_launch(rec: &Recorder, kernel: &str, x: Loc, y: Loc, n: usize
 }
 
 /// The input cast that writes channels last: one thread a pixel, its `c` values read from
-/// `c` planes of `hw` (each coalesced across a warp) and stored side by side.
-fn cast_in_nhwc(rec: &Recorder, [x, y]: [Loc; 2], n: usize, c: usize, hw: usize) -> Launch {
+/// `c` planes of `hw` (each coalesced across a warp) and stored side by side, then zeros up
+/// to `padded` channels.
+fn cast_in_nhwc(
+    rec: &Recorder,
+    [x, y]: [Loc; 2],
+    n: usize,
+    [c, padded]: [usize; 2],
+    hw: usize,
+) -> Launch {
     let pixels = n / c;
     Launch::Kernel {
         func: rec.func("cast_in_nhwc"),
@@ -382,6 +392,7 @@ fn cast_in_nhwc(rec: &Recorder, [x, y]: [Loc; 2], n: usize, c: usize, hw: usize)
             Arg::Ptr(rec.ptr(y)),
             Arg::I64(pixels as i64),
             Arg::I32(c as i32),
+            Arg::I32(padded as i32),
             Arg::I64(hw as i64),
         ],
     }

@@ -18,11 +18,18 @@ impl Planner<'_> {
             p.opts,
             p.es,
         );
-        let xs = four(&in_shapes[0], name)?;
-        let ws = four(&in_shapes[1], name)?;
+        let mut xs = four(&in_shapes[0], name)?;
+        let mut ws = four(&in_shapes[1], name)?;
         let dw = a.groups > 1 && a.groups == xs[1] && ws[1] == 1;
         let cl = opts.channels_last;
-        let x = if cl {
+        // An RGB input stored as 4 channels (`Planner::stem_channel_pad`): read as the NHWC
+        // image of 4 channels it is, with the filter padded alike.
+        let padded = p.cpad[x0].filter(|_| cl && a.groups == 1);
+        let x = if let Some(cp) = padded {
+            xs[1] = cp;
+            ws[1] = cp;
+            p.raw(x0, name)?
+        } else if cl {
             p.channels_last(x0, name)?
         } else {
             p.plain(x0, name)?
@@ -30,7 +37,10 @@ impl Planner<'_> {
         // cuDNN (and our kernels) pad symmetrically: the excess of one side is padded
         // explicitly first, the convolution gets the symmetric rest.
         let (x, xs, pads) = p.pad_asymmetric(name, x, xs, a.pads, cl)?;
-        let w = p.raw(n.inputs[1], name)?;
+        let w = match padded {
+            Some(cp) => p.padded_filter(n.inputs[1], cp, name)?,
+            None => p.raw(n.inputs[1], name)?,
+        };
         let bias = match n.inputs.get(2) {
             Some(&b) => Some(p.raw(b, name)?),
             None => None,
@@ -107,6 +117,22 @@ impl Planner<'_> {
             },
         );
         Ok(Lowered::Steps)
+    }
+
+    /// Constant filter `w` (`[M, C, kh, kw]`) with zero input channels added up to `cp`: a new
+    /// constant (the original is not uploaded unless something else reads it).
+    fn padded_filter(&mut self, w: usize, cp: usize, name: &str) -> Result<Loc> {
+        let ValueKind::Constant(t) = &self.g.values[w].kind else {
+            return Err(unsupported(name, "a padded stem with a computed filter"));
+        };
+        let [m, c, kh, kw] = four(&t.shape, name)?;
+        let plane = kh * kw;
+        let mut data = vec![0f32; m * cp * plane];
+        for o in 0..m {
+            let src = &t.data[o * c * plane..(o + 1) * c * plane];
+            data[o * cp * plane..o * cp * plane + c * plane].copy_from_slice(src);
+        }
+        Ok(self.new_const(Tensor::new(vec![m, cp, kh, kw], data)?))
     }
 
     /// `x` (shape `xs`, NHWC when `nhwc`) zero-padded by the asymmetric part of ONNX `pads`

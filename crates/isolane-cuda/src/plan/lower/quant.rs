@@ -17,6 +17,9 @@ impl Planner<'_> {
         let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
         let shape = p.shapes[x0].clone();
         let rank = shape.len();
+        if let (Some(padded), Granularity::PerTensor) = (p.cpad[x0], &q.granularity) {
+            return p.lower_padded_fake_quant(c, q, padded);
+        }
         let strided = p.vstrides[x0].is_some();
         let (x, keep, channels, inner) = match q.granularity {
             Granularity::PerTensor if !strided => (p.raw(x0, name)?, p.nhwc[x0], 1, 1),
@@ -67,6 +70,44 @@ impl Planner<'_> {
                 inner,
                 params,
                 scale: q.scales.first().copied().unwrap_or(1.0),
+                zero_point: q.zero_points.first().copied().unwrap_or(0.0),
+                qtype: q.qtype,
+                saturate: q.saturate,
+            }),
+        );
+        Ok(Lowered::Steps)
+    }
+
+    /// A per-tensor FakeQuant of a value stored with zero-padded channels (`cpad`): over the
+    /// whole storage, padding included (a zero stays zero: it quantizes to the zero point),
+    /// its output stored alike for the padded convolutions that read it.
+    fn lower_padded_fake_quant(
+        &mut self,
+        c: &NodeCtx,
+        q: &FakeQuantAttrs,
+        padded: usize,
+    ) -> Result<Lowered> {
+        let (x0, y0) = (c.x0, c.outs[0]);
+        let x = self.raw(x0, c.name)?;
+        let n = self.numel(x0) / self.shapes[x0][1] * padded;
+        let y = Loc::Storage {
+            id: self.new_storage(n * self.es),
+            offset: 0,
+        };
+        self.loc[y0] = Some(y);
+        self.vstrides[y0] = self.vstrides[x0].clone();
+        self.cpad[y0] = Some(padded);
+        self.def_t[y0] = self.t;
+        self.push(
+            c.name,
+            StepKind::FakeQuant(FakeQuantStep {
+                x,
+                y,
+                n,
+                channels: 1,
+                inner: 1,
+                params: None,
+                scale: q.scales[0],
                 zero_point: q.zero_points.first().copied().unwrap_or(0.0),
                 qtype: q.qtype,
                 saturate: q.saturate,

@@ -13,7 +13,9 @@ impl Planner<'_> {
     /// strides. Returns whether the node became a view (and so has no step).
     pub(in crate::plan) fn lower_view(&mut self, c: &NodeCtx, pat: &Patterns) -> Result<bool> {
         let p = self;
-        if !pat.stride_aware(p.g, c.ni) {
+        // The readers of an input stored with padded channels take that storage as it is.
+        let pad_reader = p.cpad[c.x0].is_some() && matches!(c.n.op, Op::Conv(_) | Op::FakeQuant(_));
+        if !pat.stride_aware(p.g, c.ni) && !pad_reader {
             for &i in &c.n.inputs {
                 if p.vstrides[i].is_some() {
                     let l = p.plain(i, c.name)?;
