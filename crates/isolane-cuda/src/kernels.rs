@@ -672,22 +672,55 @@ __device__ float block_max(float v, float* sh) {
 extern "C" __global__ void cast_in(const float* __restrict__ x, T* __restrict__ y, long long n) {
     GRID_STRIDE(i, n) st(y, i, x[i]);
 }
+// v rounded half to even onto float8 e4m3fn's grid (isolane_engine::quant::round_e4m3fn):
+// ±448 past it when saturating, else NaN; NaN stays NaN.
+__device__ __forceinline__ float round_e4m3fn(float v, int saturate) {
+    if (v != v) return v;
+    float a = fabsf(v);
+    if (a > 3.402823466e38f) return saturate ? copysignf(448.f, v) : __int_as_float(0x7fc00000);
+    int e = a >= 1.17549435e-38f ? (__float_as_int(a) >> 23) - 127 : -6;
+    if (e < -6) e = -6;
+    float q = __int_as_float((e - 3 + 127) << 23);  // the grid's spacing: a power of two
+    float r = rintf(__fdiv_rn(a, q)) * q;
+    if (r > 448.f) r = saturate ? 448.f : __int_as_float(0x7fc00000);
+    return copysignf(r, v);
+}
+
+// DequantizeLinear(QuantizeLinear(x)) of one value (ONNX; isolane_engine::quant), in f32: an
+// IEEE division, rounding half to even, saturation to [lo, hi] (integers) or float8 e4m3fn,
+// then (q - z) * s.
+__device__ __forceinline__ float fake_quant_one(float x, float s, float z, float lo, float hi, int fp8, int saturate) {
+    float v = __fdiv_rn(x, s);
+    float q;
+    if (fp8) q = round_e4m3fn(v, saturate);
+    else if (v != v) q = v;
+    else q = fminf(fmaxf(rintf(v) + z, lo), hi);
+    return __fmul_rn(q - z, s);
+}
+
 // cast_in writing channels last: pixel p of item b (p < hw) takes x[(b·c + ch)·hw + p] for
 // each channel ch into y[(b·hw + p)·cp + ch], then zeros for channels c .. cp - 1 (an RGB
-// stem stored as 4 channels). 32-bit indices when the size allows it.
+// stem stored as 4 channels). With q.fq set, each value is first fake-quantized per tensor
+// (a quantized model's FakeQuant of its input, which then has no pass of its own; from the
+// f32 value, as the CPU reference does). 32-bit indices when the size allows it.
+struct CastQ { int fq, fp8, saturate; float s, z, lo, hi; };
 template <typename I>
-__device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, int cp, I hw) {
+__device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, int cp, I hw,
+                                                  const CastQ& q) {
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += (I)gridDim.x * blockDim.x) {
         I b = i / hw, p = i - b * hw;
         const float* xp = x + b * c * hw + p;
-        for (int ch = 0; ch < c; ++ch) st(y, i * cp + ch, xp[ch * hw]);
+        for (int ch = 0; ch < c; ++ch) {
+            float v = xp[ch * hw];
+            st(y, i * cp + ch, q.fq ? fake_quant_one(v, q.s, q.z, q.lo, q.hi, q.fp8, q.saturate) : v);
+        }
         for (int ch = c; ch < cp; ++ch) st(y, i * cp + ch, 0.f);
     }
 }
 extern "C" __global__ void cast_in_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int c, int cp,
-                                        long long hw) {
-    if (pixels * cp < 2147483647LL) cast_in_nhwc_body<int>(x, y, (int)pixels, c, cp, (int)hw);
-    else cast_in_nhwc_body<long long>(x, y, pixels, c, cp, hw);
+                                        long long hw, CastQ q) {
+    if (pixels * cp < 2147483647LL) cast_in_nhwc_body<int>(x, y, (int)pixels, c, cp, (int)hw, q);
+    else cast_in_nhwc_body<long long>(x, y, pixels, c, cp, hw, q);
 }
 extern "C" __global__ void cast_out(const T* __restrict__ x, float* __restrict__ y, long long n) {
     GRID_STRIDE(i, n) y[i] = ld(x, i);
@@ -1377,20 +1410,6 @@ extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y,
     }
 }
 
-// v rounded half to even onto float8 e4m3fn's grid (isolane_engine::quant::round_e4m3fn):
-// ±448 past it when saturating, else NaN; NaN stays NaN.
-__device__ __forceinline__ float round_e4m3fn(float v, int saturate) {
-    if (v != v) return v;
-    float a = fabsf(v);
-    if (a > 3.402823466e38f) return saturate ? copysignf(448.f, v) : __int_as_float(0x7fc00000);
-    int e = a >= 1.17549435e-38f ? (__float_as_int(a) >> 23) - 127 : -6;
-    if (e < -6) e = -6;
-    float q = __int_as_float((e - 3 + 127) << 23);  // the grid's spacing: a power of two
-    float r = rintf(__fdiv_rn(a, q)) * q;
-    if (r > 448.f) r = saturate ? 448.f : __int_as_float(0x7fc00000);
-    return copysignf(r, v);
-}
-
 // y = DequantizeLinear(QuantizeLinear(x)) (ONNX; isolane_engine::quant), in f32: an IEEE
 // division, rounding half to even, saturation to [lo, hi] (integers) or float8 e4m3fn, then
 // (q - z) * s. Element i uses channel (i / inner) % channels of scale[] and zp[], or s0 and z0
@@ -1405,12 +1424,7 @@ extern "C" __global__ void fake_quant(const T* x, T* y, const T* __restrict__ sc
             s = ld(scale, c);
             z = ld(zp, c);
         }
-        float v = __fdiv_rn(ld(x, i), s);
-        float q;
-        if (fp8) q = round_e4m3fn(v, saturate);
-        else if (v != v) q = v;
-        else q = fminf(fmaxf(rintf(v) + z, lo), hi);
-        st(y, i, __fmul_rn(q - z, s));
+        st(y, i, fake_quant_one(ld(x, i), s, z, lo, hi, fp8, saturate));
     }
 }
 

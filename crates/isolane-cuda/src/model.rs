@@ -20,8 +20,8 @@ use crate::kernels::{self, BLOCK, HALF_KERNEL_NAMES, KERNEL_NAMES, WARP_ROW_PER_
 use crate::mm_check::{MatmulOperands, MatmulProbe, MatmulShape};
 use crate::options::BuildOptions;
 use crate::plan::{
-    act_code, binary_code, AttentionStep, ConvStep, DType, LayerNormStep, LinearStep, Loc,
-    MatMulStep, Plan, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided, MAX_RANK,
+    act_code, binary_code, AttentionStep, CastQuant, ConvStep, DType, LayerNormStep, LinearStep,
+    Loc, MatMulStep, Plan, PoolStep, ResizeStep, SoftmaxStep, Step, StepKind, Strided, MAX_RANK,
 };
 
 mod build;

@@ -305,6 +305,9 @@ pub enum StepKind {
         /// which cuDNN's first-layer kernel reads without padding it in two kernels of its
         /// own).
         nhwc: Option<(usize, usize, usize)>,
+        /// The graph's per-tensor FakeQuant of this input, applied by the cast (channels last
+        /// only); that node then has no step of its own.
+        quant: Option<CastQuant>,
     },
     /// activation dtype → f32 staging buffer (graph outputs).
     CastOut {
@@ -561,6 +564,15 @@ pub struct FakeQuantStep {
     pub channels: usize,
     pub inner: usize,
     pub params: Option<[Loc; 2]>,
+    pub scale: f32,
+    pub zero_point: f32,
+    pub qtype: QuantType,
+    pub saturate: bool,
+}
+
+/// A per-tensor fake quantization done by an input's cast ([`StepKind::CastIn`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CastQuant {
     pub scale: f32,
     pub zero_point: f32,
     pub qtype: QuantType,
@@ -833,6 +845,9 @@ struct Planner<'g> {
     const_repr: Vec<(usize, ConstRepr)>,
     /// Node → it is a FakeQuant that emits nothing (`find_quant_gemms`).
     fq_skip: Vec<bool>,
+    /// Node → it is a FakeQuant of a graph input that the input's cast applies
+    /// ([`Planner::cast_fake_quant`]).
+    fq_in_cast: Vec<bool>,
 }
 
 impl Planner<'_> {
@@ -1292,6 +1307,7 @@ impl<'g> Planner<'g> {
             quantized_of: vec![None; nv],
             const_repr: Vec::new(),
             fq_skip: Vec::new(),
+            fq_in_cast: vec![false; g.nodes.len()],
         }
     }
 
@@ -1319,6 +1335,7 @@ impl<'g> Planner<'g> {
                 Some((c, _, padded)) => n / c * padded,
                 None => n,
             };
+            let fused = nhwc.and_then(|_| p.cast_fake_quant(i, pat));
             let st = if dtype == DType::F32 && nhwc.is_none() {
                 staging
             } else {
@@ -1333,11 +1350,21 @@ impl<'g> Planner<'g> {
                         y: Loc::Storage { id: s, offset: 0 },
                         n,
                         nhwc,
+                        quant: fused.map(|(_, q)| q),
                     },
                 );
                 s
             };
             p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
+            if let Some((f, _)) = fused {
+                // The FakeQuant's output is the cast's: stored as the input is.
+                let y = g.nodes[f].outputs[0];
+                p.fq_in_cast[f] = true;
+                p.loc[y] = p.loc[i];
+                p.nhwc[y] = p.nhwc[i];
+                p.vstrides[y] = p.vstrides[i].clone();
+                p.cpad[y] = p.cpad[i];
+            }
             inputs.push(Io {
                 staging,
                 shape: p.shapes[i].clone(),
@@ -1380,6 +1407,34 @@ impl<'g> Planner<'g> {
             && !pat.is_output[v]
             && !pat.users_of[v].is_empty()
             && pat.users_of[v].iter().all(|&u| reads_nhwc(u))
+    }
+
+    /// The FakeQuant node that input `v`'s cast can apply, and how: `v`'s one reader, per
+    /// tensor, emitting a value (not read as bytes by quantized products), not an output. A
+    /// quantized CNN's stem reads its input so (one pass over the image instead of two:
+    /// resnet50 at batch 64, 22 µs, session 36).
+    fn cast_fake_quant(&self, v: usize, pat: &Patterns) -> Option<(usize, CastQuant)> {
+        let g = self.g;
+        let [f] = pat.users_of[v][..] else {
+            return None;
+        };
+        let n = &g.nodes[f];
+        let Op::FakeQuant(q) = &n.op else {
+            return None;
+        };
+        let fits = q.scales.len() == 1
+            && n.inputs[0] == v
+            && !self.fq_skip[f]
+            && !pat.is_output[n.outputs[0]];
+        fits.then(|| {
+            let quant = CastQuant {
+                scale: q.scales[0],
+                zero_point: q.zero_points.first().copied().unwrap_or(0.0),
+                qtype: q.qtype,
+                saturate: q.saturate,
+            };
+            (f, quant)
+        })
     }
 
     /// The channel count to store input `v` with when it is an RGB image read only by
@@ -1466,7 +1521,11 @@ pub fn plan_with(g: &Graph, batch: usize, precision: Precision, opts: PlanOption
         p.t = ni + 1;
         // Folded transposes produce nothing; their matmul reads the source. A FakeQuant read
         // only by quantized GEMMs produces nothing either: they quantize its input.
-        if pat.folded_t[n.outputs[0]].is_some() || pat.attn_skip[ni] || fq_skip[ni] {
+        if pat.folded_t[n.outputs[0]].is_some()
+            || pat.attn_skip[ni]
+            || fq_skip[ni]
+            || p.fq_in_cast[ni]
+        {
             continue;
         }
         let c = NodeCtx::new(&p.shapes, ni, n);

@@ -192,10 +192,20 @@ fn exec_step(p: &Plan, m: &mut Mem, step: &Step) {
             y,
             n,
             nhwc: Some((c, hw, padded)),
+            quant,
         } => {
+            use isolane_engine::quant::{dequantize, quantize};
             for i in 0..*n {
                 let (b, ch, px) = (i / (c * hw), i / hw % c, i % hw);
-                let v = m.get(*x, i);
+                let mut v = m.get(*x, i);
+                if let Some(q) = quant {
+                    let s = q.scale;
+                    v = dequantize(
+                        quantize(v, s, q.zero_point, q.qtype, q.saturate),
+                        s,
+                        q.zero_point,
+                    );
+                }
                 m.set(*y, (b * hw + px) * padded + ch, v);
                 if ch == 0 {
                     for pad in *c..*padded {
@@ -926,6 +936,19 @@ fn cpu_reference(q: &Graph, batch: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     cpu.input_mut().copy_from_slice(&x);
     cpu.run().unwrap();
     (x, cpu.output().to_vec())
+}
+
+/// The fake-quantize passes of a plan: FakeQuant steps, and input casts that apply one.
+fn fake_quant_passes(p: &Plan) -> usize {
+    p.steps
+        .iter()
+        .filter(|s| {
+            matches!(
+                s.kind,
+                StepKind::FakeQuant(_) | StepKind::CastIn { quant: Some(_), .. }
+            )
+        })
+        .count()
 }
 
 /// Checks that `p` computes `want` from `x` within 1e-5 with its quantized products' paths
@@ -2358,11 +2381,7 @@ fn a_pool_read_only_by_quantized_products_writes_their_bytes() {
                 // Both direct: they read the pool's bytes in place.
                 assert!(a.xq == pool.y && d.xq == pool.y, "{what}");
             }
-            let fake_quants = p
-                .steps
-                .iter()
-                .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
-                .count();
+            let fake_quants = fake_quant_passes(&p);
             assert_eq!(fake_quants, 1, "{what}: only the stem's input");
             let (x, want) = cpu_reference(&q, batch, 6);
             assert_paths_compute(&p, &x, &want, &EXACT_PATHS, &what);
@@ -2443,11 +2462,9 @@ fn quantized_products_plan_into_quant_gemms_that_compute_the_graph() {
             let graph = c3.alt.as_ref().and_then(|a| a.graph.as_ref());
             assert!(graph.is_none_or(|g| g.copy_inv.is_some() && g.y_inv.is_none()));
             assert!(c4.y_scale.is_none(), "c4 → add → relu → pool is not a GEMM");
-            // c1 (K = 27) stays on the fake-quant path: its input's FakeQuant is planned.
-            assert!(p
-                .steps
-                .iter()
-                .any(|s| matches!(s.kind, StepKind::FakeQuant(_))));
+            // c1 (K = 27) stays on the fake-quant path: its input's FakeQuant is planned (in
+            // the input's cast).
+            assert_eq!(fake_quant_passes(&p), 1);
             // Buffer sizes: one byte per quantized element, 4 per accumulator.
             for g in [c2, c3, c4, fc] {
                 let bytes = |l: Loc| match l {
@@ -2513,10 +2530,7 @@ fn a_quantized_skip_is_read_as_bytes_on_every_path() {
             assert_eq!((c4.residual, c4.residual_scale), (Some(c3.y), Some(ys)));
             // The skip's FakeQuant emits nothing.
             assert_eq!(
-                p.steps
-                    .iter()
-                    .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
-                    .count(),
+                fake_quant_passes(&p),
                 1,
                 "only the stem's input is fake-quantized"
             );
@@ -2644,11 +2658,7 @@ fn two_bottleneck_blocks_keep_their_skips_in_bytes() {
         assert_eq!((b3.residual, b3.residual_scale), (Some(a3.y), a3.y_scale));
         // B's output goes to the pool in floats.
         assert!(b3.y_scale.is_none());
-        let fake_quants = p
-            .steps
-            .iter()
-            .filter(|s| matches!(s.kind, StepKind::FakeQuant(_)))
-            .count();
+        let fake_quants = fake_quant_passes(&p);
         assert_eq!(fake_quants, 1, "only the stem's input: {:#?}", p.steps);
         let (x, want) = cpu_reference(&q, batch, 9);
         let patterns: [&[usize]; 8] = [
@@ -3276,14 +3286,15 @@ fn a_cnn_input_is_cast_channels_last_once() {
     let err = rel_l2(&run(&p, &x), cpu.output());
     assert!(err < 1e-5, "rel L2 {err:e}");
 
-    // A calibrated model's input goes through the stem's FakeQuant first: cast channels last
-    // too, and the fake-quant step keeps that layout (no copy before the stem).
+    // A calibrated model's input goes through the stem's FakeQuant first: the cast applies
+    // it, channels last and padded too (no fake-quant pass, no copy before the stem).
     let (_, p) = quant_cnn_plan(isolane_engine::quant::QuantType::Int8, batch);
     assert!(
         matches!(
             p.steps[0].kind,
             StepKind::CastIn {
                 nhwc: Some((3, 144, 4)),
+                quant: Some(_),
                 ..
             }
         ),
@@ -3291,7 +3302,7 @@ fn a_cnn_input_is_cast_channels_last_once() {
         p.steps[0]
     );
     assert!(
-        matches!(p.steps[1].kind, StepKind::FakeQuant(_)),
+        !matches!(p.steps[1].kind, StepKind::FakeQuant(_)),
         "{:?}",
         p.steps[1]
     );

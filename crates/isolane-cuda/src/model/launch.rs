@@ -75,6 +75,15 @@ pub(super) struct StemP {
     pub(super) p1: f32,
 }
 
+/// `CastQ` of `cast_in_nhwc`: whether to fake-quantize, whether as float8, whether
+/// saturating; then scale, zero point and the integer range's ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CastQ {
+    pub(super) flags: [i32; 3],
+    pub(super) v: [f32; 4],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ImP {
@@ -137,6 +146,7 @@ pub(super) enum Arg {
     Im(Box<ImP>),
     Attn(Box<AttnP>),
     Stem(Box<StemP>),
+    CastQ(Box<CastQ>),
 }
 
 impl Arg {
@@ -153,6 +163,7 @@ impl Arg {
             Arg::Im(b) => &**b as *const ImP as *mut c_void,
             Arg::Attn(b) => &**b as *const AttnP as *mut c_void,
             Arg::Stem(b) => &**b as *const StemP as *mut c_void,
+            Arg::CastQ(b) => &**b as *const CastQ as *mut c_void,
         }
     }
 }
@@ -197,4 +208,24 @@ pub(super) enum Launch {
         src: u64,
         bytes: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::DType;
+
+    /// The launch's `CastQ` is `cast_in_nhwc`'s: three ints, then four floats, no padding.
+    #[test]
+    fn the_cast_quantization_matches_the_kernels_struct() {
+        let src = crate::kernels::source(DType::F16);
+        let at = src.find("struct CastQ {").expect("the kernel's struct") + "struct CastQ {".len();
+        let body = &src[at..at + src[at..].find("};").expect("closed")];
+        let fields: Vec<&str> = body.split(';').map(str::trim).collect();
+        assert_eq!(
+            fields[..2],
+            ["int fq, fp8, saturate", "float s, z, lo, hi"],
+            "{body}"
+        );
+        assert_eq!(std::mem::size_of::<super::CastQ>(), 7 * 4);
+    }
 }

@@ -189,15 +189,21 @@ pub(super) fn record_step(
             y,
             n,
             nhwc: None,
+            ..
         } => m.launches.push(cast_launch(rec, "cast_in", *x, *y, *n)),
         StepKind::CastIn {
             x,
             y,
             n,
             nhwc: Some((c, hw, padded)),
-        } => m
-            .launches
-            .push(cast_in_nhwc(rec, [*x, *y], *n, [*c, *padded], *hw)),
+            quant,
+        } => m.launches.push(cast_in_nhwc(
+            rec,
+            [*x, *y],
+            *n,
+            [*c, *padded, *hw],
+            quant.as_ref(),
+        )),
         StepKind::CastOut { x, y, n } => m.launches.push(cast_launch(rec, "cast_out", *x, *y, *n)),
         StepKind::Conv(c) => record_conv(m, rec, caches, &err, c)?,
         StepKind::DwConv(c) => record_dw_conv(m, rec, c)?,
@@ -378,10 +384,24 @@ fn cast_in_nhwc(
     rec: &Recorder,
     [x, y]: [Loc; 2],
     n: usize,
-    [c, padded]: [usize; 2],
-    hw: usize,
+    [c, padded, hw]: [usize; 3],
+    quant: Option<&CastQuant>,
 ) -> Launch {
     let pixels = n / c;
+    let q = match quant {
+        Some(q) => {
+            let (lo, hi) = q.qtype.range();
+            let flags = [1, q.qtype.is_float() as i32, q.saturate as i32];
+            CastQ {
+                flags,
+                v: [q.scale, q.zero_point, lo, hi],
+            }
+        }
+        None => CastQ {
+            flags: [0; 3],
+            v: [1.0, 0.0, 0.0, 0.0],
+        },
+    };
     Launch::Kernel {
         func: rec.func("cast_in_nhwc"),
         grid: elementwise_grid(pixels),
@@ -394,6 +414,7 @@ fn cast_in_nhwc(
             Arg::I32(c as i32),
             Arg::I32(padded as i32),
             Arg::I64(hw as i64),
+            Arg::CastQ(Box::new(q)),
         ],
     }
 }
