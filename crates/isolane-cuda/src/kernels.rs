@@ -704,17 +704,31 @@ __device__ __forceinline__ float fake_quant_one(float x, float s, float z, float
 // (a quantized model's FakeQuant of its input, which then has no pass of its own; from the
 // f32 value, as the CPU reference does). 32-bit indices when the size allows it.
 struct CastQ { int fq, fp8, saturate; float s, z, lo, hi; };
+__device__ __forceinline__ float cast_in_value(float v, const CastQ& q) {
+    return q.fq ? fake_quant_one(v, q.s, q.z, q.lo, q.hi, q.fp8, q.saturate) : v;
+}
 template <typename I>
 __device__ __forceinline__ void cast_in_nhwc_body(const float* __restrict__ x, T* __restrict__ y, I pixels, int c, int cp, I hw,
                                                   const CastQ& q) {
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += (I)gridDim.x * blockDim.x) {
         I b = i / hw, p = i - b * hw;
         const float* xp = x + b * c * hw + p;
-        for (int ch = 0; ch < c; ++ch) {
-            float v = xp[ch * hw];
-            st(y, i * cp + ch, q.fq ? fake_quant_one(v, q.s, q.z, q.lo, q.hi, q.fp8, q.saturate) : v);
+        // Two values a store where the row's width is even (an RGB stem stored as 4: 8 bytes
+        // a pixel at fp16 in two stores, not four).
+        for (int ch = 0; ch < cp; ch += 2) {
+            float v0 = ch < c ? cast_in_value(xp[ch * hw], q) : 0.f;
+            if (ch + 1 >= cp) {
+                st(y, i * cp + ch, v0);
+                break;
+            }
+            float v1 = ch + 1 < c ? cast_in_value(xp[(ch + 1) * hw], q) : 0.f;
+            if ((cp & 1) == 0) {
+                st2(y, i * cp + ch, v0, v1);
+            } else {
+                st(y, i * cp + ch, v0);
+                st(y, i * cp + ch + 1, v1);
+            }
         }
-        for (int ch = c; ch < cp; ++ch) st(y, i * cp + ch, 0.f);
     }
 }
 extern "C" __global__ void cast_in_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int c, int cp,
@@ -1054,7 +1068,9 @@ extern "C" __global__ void pool2d_q8(const T* __restrict__ x, signed char* __res
 
 // pool2d over NHWC values, VW channels per thread (16-byte loads), 32-bit indices: C a
 // multiple of VW, x and y 16-byte aligned, n · oh · ow · C / VW below 2^31 (the Rust side checks).
-template <bool Q>
+// K3: a 3 × 3 window of dilation 1 (every resnet's max pool), its loops unrolled so that a
+// thread's nine loads are in flight together rather than one after another.
+template <bool Q, bool K3>
 __device__ __forceinline__ void pool2d_v_body(const T* __restrict__ x, void* __restrict__ y, const PoolP& p, float s, int fp8) {
     int cv = p.c / VW;
     int total = p.n * p.oh * p.ow * cv;
@@ -1068,11 +1084,14 @@ __device__ __forceinline__ void pool2d_v_body(const T* __restrict__ x, void* __r
 #pragma unroll
         for (int j = 0; j < VW; ++j) acc[j] = p.max ? -3.402823466e38f : 0.f;
         int cnt = 0;
-        for (int a = 0; a < p.kh; ++a) {
-            int hh = h0 + a * p.dh;
+        const int kh = K3 ? 3 : p.kh, kw = K3 ? 3 : p.kw, dh = K3 ? 1 : p.dh, dw = K3 ? 1 : p.dw;
+#pragma unroll
+        for (int a = 0; a < (K3 ? 3 : kh); ++a) {
+            int hh = h0 + a * dh;
             if (hh < 0 || hh >= p.h) continue;
-            for (int b = 0; b < p.kw; ++b) {
-                int ww = w0 + b * p.dw;
+#pragma unroll
+            for (int b = 0; b < (K3 ? 3 : kw); ++b) {
+                int ww = w0 + b * dw;
                 if (ww < 0 || ww >= p.w) continue;
                 ldv(xp, hh * p.xs[2] + ww * p.xs[3], v);
 #pragma unroll
@@ -1105,11 +1124,14 @@ __device__ __forceinline__ void pool2d_v_body(const T* __restrict__ x, void* __r
         }
     }
 }
+__device__ __forceinline__ bool pool_k3(const PoolP& p) { return p.kh == 3 && p.kw == 3 && p.dh == 1 && p.dw == 1; }
 extern "C" __global__ void pool2d_v(const T* __restrict__ x, T* __restrict__ y, PoolP p) {
-    pool2d_v_body<false>(x, y, p, 1.f, 0);
+    if (pool_k3(p)) pool2d_v_body<false, true>(x, y, p, 1.f, 0);
+    else pool2d_v_body<false, false>(x, y, p, 1.f, 0);
 }
 extern "C" __global__ void pool2d_v_q8(const T* __restrict__ x, signed char* __restrict__ y, PoolP p, float s, int fp8) {
-    pool2d_v_body<true>(x, y, p, s, fp8);
+    if (pool_k3(p)) pool2d_v_body<true, true>(x, y, p, s, fp8);
+    else pool2d_v_body<true, false>(x, y, p, s, fp8);
 }
 
 // ONNX Resize on H and W: the same f32 operations as isolane-engine's ResizeAttrs::source, so
