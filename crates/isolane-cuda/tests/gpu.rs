@@ -859,8 +859,16 @@ fn qdq_fixtures_run_on_the_gpu() {
                 let e = rel_l2(got, &want.data);
                 (e, e < 1e-2)
             } else {
+                // tf32 multiplies 10-bit significands, as fp16 does; in a quantized model a
+                // value that lands across a quantization step moves by the whole step, so at
+                // tf32 these compare as at fp16 (static_cnn_s8s8_per_channel: 5.2e-3 at tf32,
+                // 7.2e-3 at fp16 on the H200, session 37).
+                let tol = tolerance(match p {
+                    Precision::Tf32 => Precision::Fp16,
+                    p => p,
+                });
                 let e = rel_l2(got, c.output());
-                (e, e < tolerance(p))
+                (e, e < tol)
             };
             println!("{name} {p:<5} {err:.3e}");
             if !ok {
