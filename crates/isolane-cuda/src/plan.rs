@@ -1438,17 +1438,23 @@ impl<'g> Planner<'g> {
     }
 
     /// The channel count to store input `v` with when it is an RGB image read only by
-    /// convolutions of one group with constant filters (directly or through a per-tensor
-    /// FakeQuant that emits a value): 4, zeros in the fourth channel, and each filter padded
-    /// alike. cuDNN pads a 3-channel NHWC input to 4 in two kernels of its own before its
-    /// first-layer kernel, every run (resnet50 at batch 64: ~29 µs, session 37); given 4 it
-    /// runs that kernel alone. Known after [`Planner::find_quant_gemms`] (a quantized
-    /// product reads bytes, not this storage).
+    /// convolutions of one group with constant filters whose windows overlap (directly or
+    /// through a per-tensor FakeQuant that emits a value): 4, zeros in the fourth channel, and
+    /// each filter padded alike. cuDNN pads a 3-channel NHWC input to 4 in two kernels of its
+    /// own before its first-layer kernel, every run (resnet50 at batch 64: ~29 µs, session
+    /// 37); given 4 it runs that kernel alone. A patchifying stem (stride = window: ViT's
+    /// 16 × 16, ConvNeXt's 4 × 4) is a GEMM of K = kh·kw·C that a fourth channel only makes
+    /// longer: not padded. Known after [`Planner::find_quant_gemms`] (a quantized product
+    /// reads bytes, not this storage).
     fn stem_channel_pad(&self, v: usize, pat: &Patterns) -> Option<usize> {
         let g = self.g;
+        let overlapping = |u: usize, a: &ConvAttrs| {
+            let w = &self.shapes[g.nodes[u].inputs[1]];
+            w.len() == 4 && (w[2] > a.strides[0] || w[3] > a.strides[1])
+        };
         let padded_conv = |u: usize, x: usize| {
             let n = &g.nodes[u];
-            matches!(&n.op, Op::Conv(a) if a.groups == 1)
+            matches!(&n.op, Op::Conv(a) if a.groups == 1 && overlapping(u, a))
                 && self.quant[u].is_none()
                 && n.inputs[0] == x
                 && n.inputs[1..].iter().all(|&i| i != x)

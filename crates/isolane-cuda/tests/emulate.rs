@@ -3321,3 +3321,69 @@ fn a_cnn_input_is_cast_channels_last_once() {
     );
     assert_eq!(layout_copies(&p).len(), 1, "{:?}", layout_copies(&p));
 }
+
+/// An RGB stem of overlapping windows (3×3 stride 2) reads its input stored as 4 channels,
+/// its filter padded alike; a patchifying stem (4×4 stride 4, as ConvNeXt's and ViT's) keeps
+/// 3, where a fourth channel would only lengthen its GEMM (at fp32 and fp16). Both plans
+/// compute what the CPU backend does.
+#[test]
+fn only_an_overlapping_rgb_stem_reads_a_padded_input() {
+    let stem = |k: usize, s: usize, pad: usize| {
+        let mut g = Graph::new("stem");
+        let x = g.add_input(
+            "x",
+            vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(16), Dim::Fixed(16)],
+        );
+        let data = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i * 7 + seed * 13) % 17) as f32 - 8.0) / 16.0)
+                .collect()
+        };
+        let w = g.add_constant(
+            "w",
+            Tensor::new(vec![8, 3, k, k], data(24 * k * k, 1)).unwrap(),
+        );
+        let b = g.add_constant("b", Tensor::new(vec![8], data(8, 2)).unwrap());
+        let attrs = ConvAttrs {
+            strides: [s, s],
+            pads: [pad; 4],
+            activation: Some(Unary::Relu),
+            ..Default::default()
+        };
+        let y = g.add_op("stem", Op::Conv(attrs), &[x, w, b]).unwrap();
+        g.add_output(y).unwrap();
+        g
+    };
+    for (g, padded) in [(stem(3, 2, 1), 4), (stem(4, 4, 0), 3)] {
+        for precision in [Precision::Fp32, Precision::Fp16] {
+            let batch = 2;
+            let p = plan::plan(&g, batch, precision).unwrap();
+            assert!(
+                matches!(p.steps[0].kind, StepKind::CastIn { nhwc: Some((3, 256, c)), .. } if c == padded),
+                "{:?}",
+                p.steps[0]
+            );
+            let conv = p
+                .steps
+                .iter()
+                .find_map(|s| match &s.kind {
+                    StepKind::Conv(c) => Some(c),
+                    _ => None,
+                })
+                .expect("the stem");
+            assert_eq!((conv.x_shape[1], conv.w_shape[1]), (padded, padded));
+            // The emulator runs fp32 plans (the layout is the same at every precision).
+            if precision != Precision::Fp32 {
+                continue;
+            }
+            let x = random(batch * 3 * 256, 5);
+            let mut cpu = CpuBackend::new(1)
+                .compile(&g, batch, Precision::Fp32)
+                .unwrap();
+            cpu.input_mut().copy_from_slice(&x);
+            cpu.run().unwrap();
+            let err = rel_l2(&run(&p, &x), cpu.output());
+            assert!(err < 1e-5, "{padded} {precision:?}: rel L2 {err:e}");
+        }
+    }
+}
