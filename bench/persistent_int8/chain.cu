@@ -2,7 +2,7 @@
 // resnet50's 52 int8 convolutions run faster as ONE persistent kernel (a grid barrier between
 // layers) than as one kernel a layer? Standalone: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a
 // chain.cu -o chain && ./chain [batch]. Not part of the engine; results in
-// results/h200-engine4/session37-persistent-chain-study.md.
+// results/h200-engine4/session37-persistent-chain-and-input-passes.md.
 //
 // Each layer is an int8 implicit-GEMM convolution, NHWC: M = batch * OH * OW output pixels,
 // N output channels, K = kh * kw * C (C a multiple of 16, so a 16-byte chunk of a row of A is one
