@@ -28,6 +28,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "resize2d",
     "dwconv",
     "chan_mean",
+    "chan_mean_rows",
     "im2col",
     "dwconv_s1_k3",
     "dwconv_s1_k7",
@@ -1403,13 +1404,25 @@ __device__ __forceinline__ void dw_c2(const T* __restrict__ x, const T* __restri
     }
 }
 
-// Mean over hw of NHWC [n, hw, c] → [n, c]. A block (256 threads) takes 32 channels of one
-// item: thread (r, l) sums rows r, r + 8, ... of channel l (coalesced along c), and the 8
-// partial sums of a channel meet in shared memory. One thread per (n, c) summing all hw rows
-// (the first form) gave resnet50 at batch 1 8 blocks of 49 dependent loads each: 12 µs under
-// ncu (session 36). The sum's order depends only on hw, not on the grid.
-#define CHAN_MEAN_ROWS 8
+// Mean over hw of NHWC [n, hw, c] → [n, c]; one thread per (n, c), coalesced along c. Where
+// n · c is small (a batch of one) that is few blocks of long dependent loops, and
+// chan_mean_rows below is used instead (model/record.rs).
 extern "C" __global__ void chan_mean(const T* __restrict__ x, T* __restrict__ y, long long n, long long c, long long hw) {
+    GRID_STRIDE(i, n * c) {
+        long long b = i / c, ch = i % c;
+        const T* xp = x + b * hw * c + ch;
+        float s = 0.f;
+        for (long long j = 0; j < hw; ++j) s += ld(xp, j * c);
+        st(y, i, s / (float)hw);
+    }
+}
+// The same mean, a block (256 threads) a group of 32 channels of one item: thread (r, l) sums
+// rows r, r + 8, ... of channel l (coalesced along c), and the 8 partial sums of a channel meet
+// in shared memory. resnet50 at batch 1: chan_mean runs 8 blocks of 49 dependent loads each
+// (12 µs under ncu, session 36); at batch 64 chan_mean is the faster (8.6 against 12.1 µs,
+// session 37). The sum's order depends only on hw, not on the grid.
+#define CHAN_MEAN_ROWS 8
+extern "C" __global__ void chan_mean_rows(const T* __restrict__ x, T* __restrict__ y, long long n, long long c, long long hw) {
     __shared__ float part[CHAN_MEAN_ROWS][33];
     int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
     long long groups = (c + 31) / 32;

@@ -7,6 +7,11 @@ pub(super) fn elementwise_grid(n: usize) -> u32 {
     (n.div_ceil(BLOCK as usize)).clamp(1, 8192) as u32
 }
 
+/// The channel mean's outputs (`n · c`) below which `chan_mean_rows` splits each channel's
+/// rows over 8 threads: there `chan_mean`'s one thread an output makes fewer than ~2 blocks a
+/// multiprocessor of the H200 (resnet50: batch 1 2,048 outputs, batch 64 131,072).
+const CHAN_MEAN_ROWS_BELOW: usize = 65_536;
+
 /// Fewest rows for which the one-warp-per-row LayerNorm / softmax kernels are chosen.
 pub(super) const WARP_ROWS_MIN: usize = 3072;
 
@@ -278,10 +283,20 @@ pub(super) fn record_step(
         StepKind::Softmax(sm) => record_softmax(m, rec, sm),
         StepKind::Pool(pool) => record_pool(m, rec, pool),
         StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
-            func: rec.func("chan_mean"),
-            // A block of 256 threads a 32-channel group of one item (the kernel's comment).
-            grid: (n * c.div_ceil(32)).clamp(1, 8192) as u32,
-            block: 256,
+            // Few outputs (a batch of one): a block a 32-channel group, its rows split 8 ways
+            // (256 threads; the kernels' comments). The choice depends on the shape only, so
+            // a plan computes the same bits in every partition.
+            func: rec.func(if n * c < CHAN_MEAN_ROWS_BELOW {
+                "chan_mean_rows"
+            } else {
+                "chan_mean"
+            }),
+            grid: if n * c < CHAN_MEAN_ROWS_BELOW {
+                (n * c.div_ceil(32)).clamp(1, 8192) as u32
+            } else {
+                elementwise_grid(n * c)
+            },
+            block: BLOCK,
             shared: 0,
             args: vec![
                 Arg::Ptr(rec.ptr(*x)),
