@@ -1450,7 +1450,7 @@ impl<'g> Planner<'g> {
         let g = self.g;
         let overlapping = |u: usize, a: &ConvAttrs| {
             let w = &self.shapes[g.nodes[u].inputs[1]];
-            w.len() == 4 && (w[2] > a.strides[0] || w[3] > a.strides[1])
+            w.len() == 4 && w[1] == 3 && (w[2] > a.strides[0] || w[3] > a.strides[1])
         };
         let padded_conv = |u: usize, x: usize| {
             let n = &g.nodes[u];

@@ -126,6 +126,12 @@ impl Planner<'_> {
             return Err(unsupported(name, "a padded stem with a computed filter"));
         };
         let [m, c, kh, kw] = four(&t.shape, name)?;
+        if c > cp || t.data.len() != m * c * kh * kw {
+            return Err(unsupported(
+                name,
+                format!("a filter of {c} channels padded to {cp}"),
+            ));
+        }
         let plane = kh * kw;
         let mut data = vec![0f32; m * cp * plane];
         for o in 0..m {
