@@ -107,7 +107,7 @@ impl Planner<'_> {
                 channels: 1,
                 inner: 1,
                 params: None,
-                scale: q.scales[0],
+                scale: q.scales.first().copied().unwrap_or(1.0),
                 zero_point: q.zero_points.first().copied().unwrap_or(0.0),
                 qtype: q.qtype,
                 saturate: q.saturate,
