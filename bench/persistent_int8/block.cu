@@ -112,13 +112,30 @@ __device__ void product(const ARows& a, const int8_t* __restrict__ w, int n0, in
         int d[NS / 8][4];
 #pragma unroll
         for (int j = 0; j < NS / 8; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0;
-        for (int k0 = kb; k0 < ke; k0 += 32) {
-            unsigned af[4] = {a.at(r0, k0 + 4 * t), a.at(r1, k0 + 4 * t), a.at(r0, k0 + 16 + 4 * t), a.at(r1, k0 + 16 + 4 * t)};
+        // U k32 steps' loads issued before their products: each load is an L2 round trip
+        // (~0.15 us), one step at a time would leave the warp waiting on every one.
+        constexpr int U = NS <= 32 ? 8 : 2;
+        for (int k0 = kb; k0 < ke; k0 += 32 * U) {
+            unsigned af[U][4], bf[U][NS / 8][2];
 #pragma unroll
-            for (int j = 0; j < NS / 8; ++j) {
-                const int8_t* wr = w + (long long)(n0 + 8 * j + g) * k + k0 + 4 * t;
-                mma(d[j], af, __ldg((const unsigned*)wr), __ldg((const unsigned*)(wr + 16)));
+            for (int u = 0; u < U; ++u) {
+                int kk = k0 + 32 * u;
+                bool in = kk < ke;
+                af[u][0] = in ? a.at(r0, kk + 4 * t) : 0u;
+                af[u][1] = in ? a.at(r1, kk + 4 * t) : 0u;
+                af[u][2] = in ? a.at(r0, kk + 16 + 4 * t) : 0u;
+                af[u][3] = in ? a.at(r1, kk + 16 + 4 * t) : 0u;
+#pragma unroll
+                for (int j = 0; j < NS / 8; ++j) {
+                    const int8_t* wr = w + (long long)(n0 + 8 * j + g) * k + kk + 4 * t;
+                    bf[u][j][0] = in ? __ldg((const unsigned*)wr) : 0u;
+                    bf[u][j][1] = in ? __ldg((const unsigned*)(wr + 16)) : 0u;
+                }
             }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int j = 0; j < NS / 8; ++j) mma(d[j], af[u], bf[u][j][0], bf[u][j][1]);
         }
 #pragma unroll
         for (int j = 0; j < NS / 8; ++j)
