@@ -970,6 +970,14 @@ impl Planner<'_> {
         self.def_t[v] = self.t;
         l
     }
+    /// Value `v` stored at `l` in `like`'s layout (NHWC, strides, padded channels), from now.
+    fn store_like(&mut self, v: usize, like: usize, l: Loc) {
+        self.loc[v] = Some(l);
+        self.nhwc[v] = self.nhwc[like];
+        self.vstrides[v] = self.vstrides[like].clone();
+        self.cpad[v] = self.cpad[like];
+        self.def_t[v] = self.t;
+    }
     /// Probes for the outputs of `node`, which has just been planned: where each can be read
     /// as the steps planned so far leave it (a value made plain later gets a new location,
     /// but this one is the value's at this time).
@@ -1357,13 +1365,9 @@ impl<'g> Planner<'g> {
             };
             p.loc[i] = Some(Loc::Storage { id: st, offset: 0 });
             if let Some((f, _)) = fused {
-                // The FakeQuant's output is the cast's: stored as the input is.
-                let y = g.nodes[f].outputs[0];
+                // The FakeQuant's output is the cast's.
                 p.fq_in_cast[f] = true;
-                p.loc[y] = p.loc[i];
-                p.nhwc[y] = p.nhwc[i];
-                p.vstrides[y] = p.vstrides[i].clone();
-                p.cpad[y] = p.cpad[i];
+                p.store_like(g.nodes[f].outputs[0], i, Loc::Storage { id: st, offset: 0 });
             }
             inputs.push(Io {
                 staging,

@@ -282,30 +282,29 @@ pub(super) fn record_step(
         StepKind::LayerNorm(ln) => record_layer_norm(m, rec, ln).map_err(err)?,
         StepKind::Softmax(sm) => record_softmax(m, rec, sm),
         StepKind::Pool(pool) => record_pool(m, rec, pool),
-        StepKind::ChanMean { x, y, n, c, hw } => m.launches.push(Launch::Kernel {
+        StepKind::ChanMean { x, y, n, c, hw } => {
             // Few outputs (a batch of one): a block a 32-channel group, its rows split 8 ways
             // (256 threads; the kernels' comments). The choice depends on the shape only, so
             // a plan computes the same bits in every partition.
-            func: rec.func(if n * c < CHAN_MEAN_ROWS_BELOW {
-                "chan_mean_rows"
+            let (func, grid) = if n * c < CHAN_MEAN_ROWS_BELOW {
+                ("chan_mean_rows", (n * c.div_ceil(32)).clamp(1, 8192) as u32)
             } else {
-                "chan_mean"
-            }),
-            grid: if n * c < CHAN_MEAN_ROWS_BELOW {
-                (n * c.div_ceil(32)).clamp(1, 8192) as u32
-            } else {
-                elementwise_grid(n * c)
-            },
-            block: BLOCK,
-            shared: 0,
-            args: vec![
-                Arg::Ptr(rec.ptr(*x)),
-                Arg::Ptr(rec.ptr(*y)),
-                Arg::I64(*n as i64),
-                Arg::I64(*c as i64),
-                Arg::I64(*hw as i64),
-            ],
-        }),
+                ("chan_mean", elementwise_grid(n * c))
+            };
+            m.launches.push(Launch::Kernel {
+                func: rec.func(func),
+                grid,
+                block: BLOCK,
+                shared: 0,
+                args: vec![
+                    Arg::Ptr(rec.ptr(*x)),
+                    Arg::Ptr(rec.ptr(*y)),
+                    Arg::I64(*n as i64),
+                    Arg::I64(*c as i64),
+                    Arg::I64(*hw as i64),
+                ],
+            })
+        }
         StepKind::RowReduce {
             x,
             y,

@@ -17,11 +17,16 @@ impl Planner<'_> {
         let (name, outs, out_shape, x0) = (c.name, &c.outs, &c.out_shape, c.x0);
         let shape = p.shapes[x0].clone();
         let rank = shape.len();
-        if let (Some(padded), Granularity::PerTensor) = (p.cpad[x0], &q.granularity) {
-            return p.lower_padded_fake_quant(c, q, padded);
-        }
+        // A value stored with zero-padded channels (`cpad`) is quantized whole, padding
+        // included (a zero stays zero: it quantizes to the zero point), and its output is
+        // stored alike for the padded convolutions that read it.
+        let padded = match q.granularity {
+            Granularity::PerTensor => p.cpad[x0],
+            _ => None,
+        };
         let strided = p.vstrides[x0].is_some();
         let (x, keep, channels, inner) = match q.granularity {
+            Granularity::PerTensor if padded.is_some() => (p.raw(x0, name)?, false, 1, 1),
             Granularity::PerTensor if !strided => (p.raw(x0, name)?, p.nhwc[x0], 1, 1),
             Granularity::PerTensor => (p.plain(x0, name)?, false, 1, 1),
             Granularity::PerAxis { axis } => {
@@ -59,54 +64,27 @@ impl Planner<'_> {
         } else {
             None
         };
-        let y = p.output(outs[0], keep);
+        let (y, n) = match padded {
+            Some(cp) => {
+                let n = p.numel(x0) / shape[1] * cp;
+                let y = Loc::Storage {
+                    id: p.new_storage(n * p.es),
+                    offset: 0,
+                };
+                p.store_like(outs[0], x0, y);
+                (y, n)
+            }
+            None => (p.output(outs[0], keep), out_shape.iter().product()),
+        };
         p.push(
             name,
             StepKind::FakeQuant(FakeQuantStep {
                 x,
                 y,
-                n: out_shape.iter().product(),
+                n,
                 channels,
                 inner,
                 params,
-                scale: q.scales.first().copied().unwrap_or(1.0),
-                zero_point: q.zero_points.first().copied().unwrap_or(0.0),
-                qtype: q.qtype,
-                saturate: q.saturate,
-            }),
-        );
-        Ok(Lowered::Steps)
-    }
-
-    /// A per-tensor FakeQuant of a value stored with zero-padded channels (`cpad`): over the
-    /// whole storage, padding included (a zero stays zero: it quantizes to the zero point),
-    /// its output stored alike for the padded convolutions that read it.
-    fn lower_padded_fake_quant(
-        &mut self,
-        c: &NodeCtx,
-        q: &FakeQuantAttrs,
-        padded: usize,
-    ) -> Result<Lowered> {
-        let (x0, y0) = (c.x0, c.outs[0]);
-        let x = self.raw(x0, c.name)?;
-        let n = self.numel(x0) / self.shapes[x0][1] * padded;
-        let y = Loc::Storage {
-            id: self.new_storage(n * self.es),
-            offset: 0,
-        };
-        self.loc[y0] = Some(y);
-        self.vstrides[y0] = self.vstrides[x0].clone();
-        self.cpad[y0] = Some(padded);
-        self.def_t[y0] = self.t;
-        self.push(
-            c.name,
-            StepKind::FakeQuant(FakeQuantStep {
-                x,
-                y,
-                n,
-                channels: 1,
-                inner: 1,
-                params: None,
                 scale: q.scales.first().copied().unwrap_or(1.0),
                 zero_point: q.zero_points.first().copied().unwrap_or(0.0),
                 qtype: q.qtype,
