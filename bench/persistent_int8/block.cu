@@ -5,21 +5,24 @@
 // meet through distributed shared memory and the cluster's hardware barrier instead of three
 // kernel launches (chain.cu: ~2.3 us a launch before any arithmetic at batch 1).
 //
-// Status: written in session 37 after the device time was spent; compiled here by NVRTC only,
-// NOT YET RUN on a GPU. Standalone:
+// Standalone (session 38 ran it on the H200; results in
+// results/h200-engine4/session38-fused-block-on-a-cluster.md):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a block.cu -o block && ./block
-// It checks every output byte against a one-thread-an-output reference of the three products
-// and prints the fused block's time (CUDA graph of 32 copies) for layer3's block (14 x 14,
-// C 1024, P 256) and layer4's (7 x 7, C 2048, P 512). Session 36 measured those blocks as
-// three cuDNN int8 graphs at ~13 and ~20 us a block.
+// It checks every output byte against a one-thread-an-output reference of the three products,
+// prints the fused block's time (CUDA graph of 32 copies) for layer3's block (14 x 14, C 1024,
+// P 256) and layer4's (7 x 7, C 2048, P 512), and a timeline of one launch from each CTA's
+// globaltimer. Session 36 measured those blocks as three cuDNN int8 graphs at ~13 and ~20 us.
+// -DST1=1 tries another warp split for layer3's first product.
 //
 // Each CTA owns a slice of each product's output channels (P/16, P/16, C/16). Its products
-// read their A fragments straight from global memory (stage 1: the block's input) or from its
-// shared memory (stages 2 and 3: the previous stage's output, gathered from the 16 CTAs'
-// slices), and their B fragments (weights, [N][K] K-contiguous) straight from global memory
-// (L2). Warps split the m16 tiles and, where there are fewer than 8, K; their int32 partial
-// sums meet in shared memory by atomic adds (integers: exact in any order). Epilogue as
-// chain.cu's: y = sat(rint((acc * scale[n] + bias[n] (+ res * rs)) relu / ys)).
+// read their A operand straight from global memory (stage 1: the block's input) or from its
+// shared memory (stages 2 and 3: the previous stage's output, whole in every CTA), and their B
+// operand (weights, [N][K] K-contiguous) straight from global memory (L2), 16 bytes a thread a
+// 64-wide K step. Warps split the m16 tiles, the n8 tiles and K as each shape needs; where they
+// share K their int32 sums meet in shared memory by atomic adds (integers: exact in any order).
+// A stage's epilogue stores its bytes into every CTA's shared memory (st.shared::cluster), and
+// one cluster barrier publishes them. Epilogue as chain.cu's:
+// y = sat(rint((acc * scale[n] + bias[n] (+ res * rs)) relu / ys)).
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
@@ -79,134 +82,246 @@ __device__ __forceinline__ uint4 ld_peer16(const void* local, unsigned rank) {
     return v;
 }
 
-// The A operand of a stage: row m's 4 bytes at column k (k a multiple of 4), zero where the
-// row has no source (past M, or a 3x3 tap outside the image).
-struct ARows {
-    const int8_t* base;  // global (stage 1) or shared (stages 2, 3)
-    int ld;              // bytes a row
+// 16 bytes into CTA `rank`'s shared memory at the offset `local` has in ours. A store needs no
+// round trip: the cluster barrier's release/acquire makes it visible.
+__device__ __forceinline__ void st_peer16(void* local, unsigned rank, uint4 v) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(local), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(r), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// The A operand of a stage: rows of `ld` bytes at `base` (global for stage 1, shared for 2 and
+// 3). With `taps`, a 3x3 pad-1 window: k = tap * cin + channel, and a tap outside the image
+// reads zeros.
+struct ASrc {
+    const int8_t* base;
+    int ld;    // bytes between rows
+    int cin;   // channels a tap (the K of a 1x1)
     int m, h, w;
-    bool taps;           // 3x3, pad 1: k = tap * ld + channel
-    __device__ __forceinline__ unsigned at(int row, int k) const {
-        if (row >= m) return 0u;
-        if (!taps) return *(const unsigned*)(base + (long long)row * ld + k);
-        int tap = k / ld, c = k - tap * ld, ky = tap / 3, kx = tap - 3 * ky;
-        int oy = row / w, ox = row - oy * w, iy = oy + ky - 1, ix = ox + kx - 1;
-        if (iy < 0 || iy >= h || ix < 0 || ix >= w) return 0u;
-        return *(const unsigned*)(base + (long long)(iy * w + ix) * ld + c);
-    }
+    bool taps;
 };
 
-// One stage's product for this CTA: rows 0..m of A, its NS output channels from n0, K; the
-// sums added into acc[MP][NS] (shared, zeroed by the caller). NS is a multiple of 8.
-template <int NS>
-__device__ void product(const ARows& a, const int8_t* __restrict__ w, int n0, int k, int* acc) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int mt = (a.m + 15) / 16;
-    int mwarps = mt < 8 ? mt : 8, ksplit = 8 / mwarps;
-    if (warp >= mwarps * ksplit) return;
-    int my_m = warp % mwarps, my_k = warp / mwarps;
-    int ksteps = k / 32, per = (ksteps + ksplit - 1) / ksplit;
-    int kb = my_k * per * 32, ke = min(k, kb + per * 32);
-    for (int tile = my_m; tile < mt; tile += mwarps) {
-        int r0 = tile * 16 + g, r1 = r0 + 8;
-        int d[NS / 8][4];
+// K order inside each 64-wide step: thread t loads 16 contiguous bytes of A's row and of B's
+// column at 16t. Bytes 0-7 feed the first m16n8k32's fragments, 8-15 the second's. A and B
+// share the order, so each product is the same sum of the same integers (exact in any order).
+__device__ __forceinline__ void mma2(int* d, const uint4& r0, const uint4& r1, const uint4& b) {
+    unsigned a0[4] = {r0.x, r1.x, r0.y, r1.y}, a1[4] = {r0.z, r1.z, r0.w, r1.w};
+    mma(d, a0, b.x, b.y);
+    mma(d, a1, b.z, b.w);
+}
+
+// One warp's share of a stage: MT m16 tiles (tile0, tile0 + MSTEP, ...) by NT n8 tiles from
+// column n0 of the weights ([N][K], K contiguous), over k64 steps [s0, s1). Its sums go to
+// acc[row][acol + ...] (ld acc_ld), added atomically when other warps share the tile's K.
+template <int MT, int NT, int U>
+__device__ void warp_product(const ASrc& a, const int8_t* __restrict__ wt, int k, int n0, int tile0, int mstep,
+                             int s0, int s1, int* acc, int acc_ld, int acol, bool add) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int d[MT][NT][4];
+    int oy[MT][2], ox[MT][2];
+    bool live[MT][2];
 #pragma unroll
-        for (int j = 0; j < NS / 8; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0;
-        // U k32 steps' loads issued before their products: each load is an L2 round trip
-        // (~0.15 us), one step at a time would leave the warp waiting on every one.
-        constexpr int U = NS <= 32 ? 8 : 2;
-        for (int k0 = kb; k0 < ke; k0 += 32 * U) {
-            unsigned af[U][4], bf[U][NS / 8][2];
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                int kk = k0 + 32 * u;
-                bool in = kk < ke;
-                af[u][0] = in ? a.at(r0, kk + 4 * t) : 0u;
-                af[u][1] = in ? a.at(r1, kk + 4 * t) : 0u;
-                af[u][2] = in ? a.at(r0, kk + 16 + 4 * t) : 0u;
-                af[u][3] = in ? a.at(r1, kk + 16 + 4 * t) : 0u;
+        for (int hh = 0; hh < 2; ++hh) {
+            int r = (tile0 + i * mstep) * 16 + g + 8 * hh;
+            live[i][hh] = r < a.m;
+            oy[i][hh] = r / a.w;
+            ox[i][hh] = r - oy[i][hh] * a.w;
 #pragma unroll
-                for (int j = 0; j < NS / 8; ++j) {
-                    const int8_t* wr = w + (long long)(n0 + 8 * j + g) * k + kk + 4 * t;
-                    bf[u][j][0] = in ? __ldg((const unsigned*)wr) : 0u;
-                    bf[u][j][1] = in ? __ldg((const unsigned*)(wr + 16)) : 0u;
-                }
+            for (int j = 0; j < NT; ++j) d[i][j][2 * hh] = d[i][j][2 * hh + 1] = 0;
+        }
+    const int8_t* rp[MT][2];
+    int cps = a.cin / 64;  // steps a tap
+    int tap = a.taps ? s0 / cps : 0, c = (s0 - (a.taps ? tap * cps : 0)) * 64;
+    auto set_rows = [&]() {
+        int dy = a.taps ? tap / 3 - 1 : 0, dx = a.taps ? tap % 3 - 1 : 0;
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                int iy = oy[i][hh] + dy, ix = ox[i][hh] + dx;
+                bool in = live[i][hh] && iy >= 0 && iy < a.h && ix >= 0 && ix < a.w;
+                rp[i][hh] = in ? a.base + (long long)(iy * a.w + ix) * a.ld + 16 * t : nullptr;
             }
+    };
+    set_rows();
+    const int8_t* wp[NT];
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+    for (int j = 0; j < NT; ++j) wp[j] = wt + (long long)(n0 + 8 * j + g) * k + 16 * t;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    for (int s = s0; s < s1; s += U) {
+        // U steps' loads in flight before their products: each B load is an L2 round trip.
+        uint4 av[U][MT][2], bv[U][NT];
 #pragma unroll
-                for (int j = 0; j < NS / 8; ++j) mma(d[j], af[u], bf[u][j][0], bf[u][j][1]);
+        for (int u = 0; u < U; ++u) {
+            bool in = s + u < s1;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) bv[u][j] = in ? __ldg((const uint4*)(wp[j] + (long long)(s + u) * 64)) : z;
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) av[u][i][hh] = in && rp[i][hh] ? *(const uint4*)(rp[i][hh] + c) : z;
+            if (in) {
+                c += 64;
+                if (c == a.cin && a.taps) { c = 0; ++tap; set_rows(); }
+            }
         }
 #pragma unroll
-        for (int j = 0; j < NS / 8; ++j)
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma2(d[i][j], av[u][i][0], av[u][i][1], bv[u][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                int row = tile * 16 + g + (e >> 1) * 8, col = 8 * j + 2 * t + (e & 1);
-                if (row < a.m) atomicAdd(acc + row * NS + col, d[j][e]);
+                if (!live[i][e >> 1]) continue;
+                int row = (tile0 + i * mstep) * 16 + g + (e >> 1) * 8, col = acol + 8 * j + 2 * t + (e & 1);
+                if (add) atomicAdd(acc + row * acc_ld + col, d[i][j][e]);
+                else acc[row * acc_ld + col] = d[i][j][e];
             }
+}
+
+// A stage's product for this CTA: NS output channels from n0, split over the 8 warps as MG
+// m-groups x NG n-groups x KG k-groups (MG * NG * KG = 8).
+template <int NS, int MG, int NG, int KG, int MT, int U>
+__device__ void product(const ASrc& a, const int8_t* __restrict__ w, int n0, int k, int* acc) {
+    static_assert(MG * NG * KG == 8, "eight warps");
+    constexpr int NT = NS / 8 / NG;
+    int warp = threadIdx.x >> 5, mg = warp % MG, ng = (warp / MG) % NG, kg = warp / (MG * NG);
+    int steps = k / 64, per = (steps + KG - 1) / KG;
+    int s0 = kg * per, s1 = min(steps, s0 + per);
+    warp_product<MT, NT, U>(a, w, k, n0 + ng * NT * 8, mg, MG, s0, s1, acc, NS, ng * NT * 8, KG > 1);
+}
+
+// acc[m][NS] -> bytes, four columns a thread: into `out` (shared, [m][NS]) or, for the last
+// stage, into y with the skip (`skip`, shared [m][NS]) added. `ep` holds this CTA's NS scales
+// then NS biases (shared), so no step waits on global memory. Zeroes acc for the next stage.
+template <int NS>
+__device__ void epilogue(const Block& b, int n0, const float* ep, int* acc, const int8_t* skip, int8_t* out,
+                         bool last) {
+    constexpr int Q = NS / 4;  // 4-column groups a row
+    for (int i = threadIdx.x; i < b.m * Q; i += THREADS) {
+        int row = i / Q, col = 4 * (i - row * Q);
+        int4 v = *(int4*)(acc + row * NS + col);
+        char4 r = last ? *(const char4*)(skip + row * NS + col) : make_char4(0, 0, 0, 0);
+        char4 o;
+        o.x = sat8(epi(v.x, ep[col], ep[NS + col], last, r.x, b.rs, b.inv_ys));
+        o.y = sat8(epi(v.y, ep[col + 1], ep[NS + col + 1], last, r.y, b.rs, b.inv_ys));
+        o.z = sat8(epi(v.z, ep[col + 2], ep[NS + col + 2], last, r.z, b.rs, b.inv_ys));
+        o.w = sat8(epi(v.w, ep[col + 3], ep[NS + col + 3], last, r.w, b.rs, b.inv_ys));
+        if (last) *(char4*)(b.y + (long long)row * b.c + n0 + col) = o;
+        else *(char4*)(out + row * NS + col) = o;
+        *(int4*)(acc + row * NS + col) = make_int4(0, 0, 0, 0);
     }
 }
 
-// acc[MP][NS] -> bytes: into `out` (shared, [m][NS]) or, for the last stage, into y with the
-// skip added. Zeroes acc for the next stage.
+// acc[m][NS] -> bytes, 16 columns a thread, stored into every CTA's `dst` ([m][ld], shared) at
+// column `col0`: the next stage's input, whole in every CTA. Zeroes acc for the next stage.
 template <int NS>
-__device__ void epilogue(const Block& b, const Stage& s, int n0, int* acc, int8_t* out, bool last) {
-    for (int i = threadIdx.x; i < b.m * NS; i += THREADS) {
-        int row = i / NS, col = i - row * NS, n = n0 + col;
-        int8_t r = last ? b.x[(long long)row * b.c + n] : 0;
-        signed char v = sat8(epi(acc[i], s.scale[n], s.bias[n], last, r, b.rs, b.inv_ys));
-        if (last) b.y[(long long)row * b.c + n] = v;
-        else out[i] = v;
-        acc[i] = 0;
+__device__ void epilogue_to_cluster(const Block& b, const float* ep, int* acc, int8_t* dst, int ld, int col0) {
+    constexpr int Q = NS / 16;
+    for (int i = threadIdx.x; i < b.m * Q; i += THREADS) {
+        int row = i / Q, col = 16 * (i - row * Q);
+        unsigned char o[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            int4 v = *(int4*)(acc + row * NS + col + 4 * q);
+            *(int4*)(acc + row * NS + col + 4 * q) = make_int4(0, 0, 0, 0);
+            int vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int c = col + 4 * q + e;
+                o[4 * q + e] = (unsigned char)sat8(epi(vs[e], ep[c], ep[NS + c], false, 0, b.rs, b.inv_ys));
+            }
+        }
+        uint4 w = *(uint4*)o;
+        int8_t* at = dst + row * ld + col0 + col;
+#pragma unroll 4
+        for (unsigned r = 0; r < CL; ++r) st_peer16(at, r, w);
     }
 }
 
-// Every CTA's slice ([m][NS] at `slice` in each CTA) into full[m][NS * CL] here.
-template <int NS>
-__device__ void gather(const int8_t* slice, int8_t* full, int m) {
-    const int chunks = NS / 16;  // 16-byte pieces of a slice's row
-    for (int i = threadIdx.x; i < CL * m * chunks; i += THREADS) {
-        int rank = i / (m * chunks), rest = i - rank * m * chunks, row = rest / chunks, ch = rest - row * chunks;
-        uint4 v = ld_peer16(slice + row * NS + ch * 16, rank);
-        *(uint4*)(full + row * NS * CL + rank * NS + ch * 16) = v;
+__device__ __forceinline__ void stamp(long long* t, int i) {
+    // globaltimer (ns) is one clock for every SM, so the CTAs' stamps compare.
+    if (t && threadIdx.x == 0) {
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        t[cluster_rank() * 16 + i] = (long long)ns;
     }
 }
 
 // P = 16 * S (S = P / CL: 16 for layer3, 32 for layer4); C = 4P. Launched as one cluster of
 // CL CTAs (launch_block: 16 is a non-portable cluster size, opted into at run time).
+// Warp splits: layer3 (13 m-tiles) splits stages 1-2 into 4 m-groups x 2 k-groups and stage 3
+// into 2 m-groups x 4 n-groups; layer4 (4 m-tiles) keeps every m-tile in each warp.
 template <int S>
-__global__ void __launch_bounds__(THREADS) block_fused(Block b) {
+__global__ void __launch_bounds__(THREADS, 1) block_fused(Block b, long long* stamps) {
     constexpr int S3 = 4 * S;  // stage 3's slice: C / CL
+    constexpr bool L3 = S == 16;
     extern __shared__ __align__(16) unsigned char smem[];
-    int mp = (b.m + 15) / 16 * 16;
+    int mp = (b.m + 15) / 16 * 16, ldf = b.p + 16;  // padded rows: fewer bank conflicts
     int* acc = (int*)smem;                                  // [mp][S3] int32
-    int8_t* slice = (int8_t*)(acc + mp * S3);               // [mp][S] this CTA's stage output
-    int8_t* full = slice + mp * S;                          // [mp][P] every CTA's
+    int8_t* full1 = (int8_t*)(acc + mp * S3);               // [mp][ldf] stage 2's input, from every CTA
+    int8_t* full2 = full1 + mp * ldf;                       // [mp][ldf] stage 3's
+    int8_t* skip = full2 + mp * ldf;                        // [mp][S3] the block's input, this CTA's channels
+    float* ep = (float*)(skip + mp * S3);                   // scales and biases: 2S, 2S, 2S3
     unsigned rank = cluster_rank();
+    stamp(stamps, 0);
     for (int i = threadIdx.x; i < mp * S3; i += THREADS) acc[i] = 0;
+    // Everything the epilogues read, brought in while stage 1 starts.
+    for (int i = threadIdx.x; i < 2 * S; i += THREADS) {
+        int st = i / S, j = i - st * S;
+        ep[st * 2 * S + j] = b.s[st].scale[rank * S + j];
+        ep[st * 2 * S + S + j] = b.s[st].bias[rank * S + j];
+    }
+    for (int j = threadIdx.x; j < S3; j += THREADS) {
+        ep[4 * S + j] = b.s[2].scale[rank * S3 + j];
+        ep[4 * S + S3 + j] = b.s[2].bias[rank * S3 + j];
+    }
+    for (int i = threadIdx.x; i < b.m * (S3 / 16); i += THREADS) {
+        int row = i / (S3 / 16), ch = i - row * (S3 / 16);
+        *(uint4*)(skip + row * S3 + 16 * ch) = *(const uint4*)(b.x + (long long)row * b.c + rank * S3 + 16 * ch);
+    }
     __syncthreads();
     // Stage 1: 1x1, K = C, from the block's input in global memory.
-    ARows a1{b.x, b.c, b.m, b.h, b.w, false};
-    product<S>(a1, b.s[0].w, rank * S, b.c, acc);
+    ASrc a1{b.x, b.c, b.c, b.m, b.h, b.w, false};
+#ifndef ST1
+#define ST1 0
+#endif
+    if (L3 && ST1) product<S, 8, 1, 1, 2, 4>(a1, b.s[0].w, rank * S, b.c, acc);
+    else if (L3) product<S, 4, 1, 2, 4, 2>(a1, b.s[0].w, rank * S, b.c, acc);
+    else product<S, 1, 2, 4, 4, 2>(a1, b.s[0].w, rank * S, b.c, acc);
     __syncthreads();
-    epilogue<S>(b, b.s[0], rank * S, acc, slice, false);
+    stamp(stamps, 1);
+    epilogue_to_cluster<S>(b, ep, acc, full1, ldf, rank * S);
+    stamp(stamps, 7);
     cluster_sync();
-    gather<S>(slice, full, b.m);
-    // Every peer has read this CTA's slice before it is written again.
-    cluster_sync();
-    // Stage 2: 3x3, K = 9P, from `full`.
-    ARows a2{full, b.p, b.m, b.h, b.w, true};
-    product<S>(a2, b.s[1].w, rank * S, 9 * b.p, acc);
+    stamp(stamps, 2);
+    // Stage 2: 3x3, K = 9P, from `full1`.
+    ASrc a2{full1, ldf, b.p, b.m, b.h, b.w, true};
+    if (L3) product<S, 4, 1, 2, 4, 3>(a2, b.s[1].w, rank * S, 9 * b.p, acc);
+    else product<S, 1, 2, 4, 4, 3>(a2, b.s[1].w, rank * S, 9 * b.p, acc);
     __syncthreads();
-    epilogue<S>(b, b.s[1], rank * S, acc, slice, false);
+    stamp(stamps, 3);
+    epilogue_to_cluster<S>(b, ep + 2 * S, acc, full2, ldf, rank * S);
+    stamp(stamps, 8);
     cluster_sync();
-    gather<S>(slice, full, b.m);
-    cluster_sync();
+    stamp(stamps, 4);
     // Stage 3: 1x1, K = P, from `full`, the skip added, into y.
-    ARows a3{full, b.p, b.m, b.h, b.w, false};
-    product<S3>(a3, b.s[2].w, rank * S3, b.p, acc);
+    ASrc a3{full2, ldf, b.p, b.m, b.h, b.w, false};
+    if (L3) product<S3, 2, 4, 1, 7, 2>(a3, b.s[2].w, rank * S3, b.p, acc);
+    else product<S3, 1, 8, 1, 4, 2>(a3, b.s[2].w, rank * S3, b.p, acc);
     __syncthreads();
-    epilogue<S3>(b, b.s[2], rank * S3, acc, nullptr, true);
+    stamp(stamps, 5);
+    epilogue<S3>(b, rank * S3, ep + 4 * S, acc, skip, nullptr, true);
+    stamp(stamps, 6);
 }
 
 // The reference: one product, one thread an output, the same float operations.
@@ -253,7 +368,7 @@ static void run(int hw) {
     b.s[1] = make_stage(p, 9 * p);
     b.s[2] = make_stage(c, p);
     b.h = b.w = hw; b.m = m; b.c = c; b.p = p; b.rs = 1.f / 40.f; b.inv_ys = 40.f;
-    size_t smem = (size_t)mp * 4 * S * 4 + (size_t)mp * S + (size_t)mp * p;
+    size_t smem = (size_t)mp * 4 * S * 4 + (size_t)2 * mp * (p + 16) + (size_t)mp * 4 * S + (size_t)12 * S * 4;
     CK(cudaFuncSetAttribute(block_fused<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaFuncSetAttribute(block_fused<S>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     // The reference, product by product.
@@ -264,16 +379,17 @@ static void run(int hw) {
     product_ref<<<(m * c + 255) / 256, 256>>>(t2, b.s[2].w, b.s[2].scale, b.s[2].bias, b.x, yr, hw, hw, p, c, 1, b.rs, b.inv_ys);
     CK(cudaDeviceSynchronize());
     cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    auto launch_block = [&]() {
+    long long* stamps_d; CK(cudaMalloc(&stamps_d, CL * 16 * sizeof(long long)));
+    auto launch_block = [&](long long* stamps) {
         cudaLaunchConfig_t cfg{};
         cfg.gridDim = dim3(CL); cfg.blockDim = dim3(THREADS); cfg.dynamicSmemBytes = smem; cfg.stream = st;
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = CL; at[0].val.clusterDim.y = 1; at[0].val.clusterDim.z = 1;
         cfg.attrs = at; cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, block_fused<S>, b));
+        CK(cudaLaunchKernelEx(&cfg, block_fused<S>, b, stamps));
     };
-    launch_block();
+    launch_block(nullptr);
     CK(cudaStreamSynchronize(st));
     std::vector<int8_t> got((size_t)m * c), want((size_t)m * c);
     CK(cudaMemcpy(got.data(), b.y, got.size(), cudaMemcpyDeviceToHost));
@@ -285,7 +401,7 @@ static void run(int hw) {
     const int reps = 32;
     cudaGraph_t g; cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int r = 0; r < reps; ++r) launch_block();
+    for (int r = 0; r < reps; ++r) launch_block(nullptr);
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
@@ -298,6 +414,32 @@ static void run(int hw) {
     }
     std::sort(t.begin(), t.end());
     printf("  fused block: median %.2f us a block (%d in a graph)\n", 1e3 * t[t.size() / 2] / reps, reps);
+    // Where one block's time goes: each CTA's globaltimer at the stage boundaries, 20 runs. For
+    // each point: ns since the first CTA started (CTA 0, and the slowest CTA), medians.
+    const int pts[10] = {0, 1, 7, 2, 3, 8, 4, 5, 6, 6};
+    const char* names[10] = {"start", "stage 1 product", "epilogue 1 to the cluster", "cluster barrier", "stage 2 product",
+                             "epilogue 2 to the cluster", "cluster barrier", "stage 3 product", "epilogue 3", "end"};
+    std::vector<std::vector<long long>> r0(10), slow(10);
+    for (int r = 0; r < 20; ++r) {
+        CK(cudaMemset(stamps_d, 0, CL * 16 * sizeof(long long)));
+        launch_block(stamps_d);
+        CK(cudaStreamSynchronize(st));
+        long long h[CL * 16]; CK(cudaMemcpy(h, stamps_d, sizeof h, cudaMemcpyDeviceToHost));
+        long long t0 = h[0];
+        for (int q = 0; q < CL; ++q) t0 = std::min(t0, h[q * 16]);
+        for (int i = 0; i < 10; ++i) {
+            long long mx = 0;
+            for (int q = 0; q < CL; ++q) mx = std::max(mx, h[q * 16 + pts[i]] - t0);
+            r0[i].push_back(h[pts[i]] - t0);
+            slow[i].push_back(mx);
+        }
+    }
+    printf("  timeline, ns (CTA 0 / slowest CTA):");
+    for (int i = 0; i < 10; ++i) {
+        std::sort(r0[i].begin(), r0[i].end()); std::sort(slow[i].begin(), slow[i].end());
+        printf(" %s %lld/%lld;", names[i], r0[i][10], slow[i][10]);
+    }
+    printf("\n");
 }
 
 int main() {
