@@ -12,6 +12,7 @@
 //! a green-context stream confines the whole model to that context's SMs
 //! ([`CudaBackend::with_stream`]).
 
+pub mod calibrated;
 pub mod check;
 pub mod convert;
 mod dnn_graph;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use cudarc::driver::sys as cu;
 use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
 
+pub use calibrated::WholeModelChoice;
 pub use model::{CudaModel, MemoryReport, Slots};
 pub use options::{BuildOptions, ConvPaths};
 pub use preprocess::{InputType, Preprocessor};

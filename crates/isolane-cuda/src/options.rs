@@ -138,6 +138,10 @@ pub struct BuildOptions {
     /// caller that calibrated ([`BuildOptions::for_calibrated`]), never by a variable: only it
     /// knows, the graph looks the same.
     pub calibrated: bool,
+    /// A calibrated model is also built without its quantization and the faster plan, timed
+    /// whole, is kept ([`crate::CudaBackend::compile_calibrated`]);
+    /// `ISOLANE_CUDA_QUANT_FALLBACK=off` keeps the quantized plan always.
+    pub quant_fallback: bool,
     /// cuDNN's graph API (its heuristics' engines, bias/residual/ReLU fused) among the cuDNN
     /// candidates, besides the legacy algorithms; `ISOLANE_CUDA_CUDNN=legacy` leaves it out.
     pub cudnn_graphs: bool,
@@ -188,6 +192,7 @@ impl Default for BuildOptions {
             quant_paths: QuantPaths::Fastest,
             quant_float: QuantFloatInput::ByModel,
             calibrated: false,
+            quant_fallback: true,
             cudnn_graphs: true,
             cudnn_runtime_compiled: false,
             quant_graph_runtime_compiled: true,
@@ -265,6 +270,7 @@ impl BuildOptions {
                 _ => QuantFloatInput::ByModel,
             },
             calibrated: false,
+            quant_fallback: !is("ISOLANE_CUDA_QUANT_FALLBACK", "off"),
             cudnn_graphs: !is("ISOLANE_CUDA_CUDNN", "legacy"),
             cudnn_runtime_compiled: is("ISOLANE_CUDA_CUDNN", "runtime-compiled"),
             quant_graph_runtime_compiled: !is("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
@@ -331,6 +337,7 @@ mod tests {
             ("ISOLANE_CUDA_CONV", "gemm"),
             ("ISOLANE_CUDA_QUANT", "float"),
             ("ISOLANE_CUDA_QUANT_FLOAT", "plain"),
+            ("ISOLANE_CUDA_QUANT_FALLBACK", "off"),
             ("ISOLANE_CUDA_CUDNN", "legacy"),
             ("ISOLANE_CUDA_QUANT_GRAPH", "precompiled"),
             ("ISOLANE_CUDA_DW", "window"),
@@ -352,6 +359,7 @@ mod tests {
                 quant_paths: QuantPaths::Float,
                 quant_float: QuantFloatInput::Plain,
                 calibrated: false,
+                quant_fallback: false,
                 cudnn_graphs: false,
                 cudnn_runtime_compiled: false,
                 quant_graph_runtime_compiled: false,
@@ -399,6 +407,7 @@ mod tests {
             ("ISOLANE_CUDA_ROWS", "warp"),
             ("ISOLANE_CUDA_WORKSPACE_MB", "lots"),
             ("ISOLANE_CUDA_QUANT_GRAPH", "runtime-compiled"),
+            ("ISOLANE_CUDA_QUANT_FALLBACK", "on"),
         ]);
         assert_eq!(o, BuildOptions::default());
         let q = |v: &str| with(&[("ISOLANE_CUDA_QUANT", v)]).quant_paths.forced();

@@ -967,6 +967,83 @@ fn calibrated_int8_and_fp8_models_run_on_the_gpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A calibrated model is built twice, quantized and float, and the faster forward runs
+/// (`CudaBackend::compile_calibrated`): the choice gives both times, the kept model computes the
+/// plan it names (the float model within fp16's bound, the quantized one within
+/// quantization's own effect of its exact reference), and with the fallback off only the
+/// quantized plan is built.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_calibrated_model_runs_the_faster_of_its_quantized_and_float_plans() {
+    use isolane_cuda::{BuildOptions, CompileOptions};
+    use isolane_engine::calibrate::{quantize_model, CalibMethod, CalibOptions};
+    use isolane_engine::quant::QuantType;
+    use isolane_engine::Tensor;
+    let cpu = CpuBackend::new(0);
+    let batch = 1;
+    let n = batch * 3 * 224 * 224;
+    let options = CompileOptions::default();
+    for model in ["mobilenet_v2", "resnet18"] {
+        let g = build_model(model, Weights::Synthetic { seed: 1 }).expect("model");
+        let samples: Vec<Vec<Tensor>> = (0..2)
+            .map(|s| vec![Tensor::new(vec![batch, 3, 224, 224], random(n, 40 + s)).unwrap()])
+            .collect();
+        let opts = CalibOptions {
+            qtype: QuantType::Int8,
+            method: CalibMethod::Percentile(99.99),
+            ..Default::default()
+        };
+        let q = quantize_model(&g, batch, &samples, &opts).expect("calibration");
+        let backend = CudaBackend::new(0).expect("cuda backend");
+        let build = BuildOptions::from_env().for_calibrated(true);
+        let backend = backend.with_build_options(build);
+        let (mut m, choice) = backend
+            .compile_calibrated(&g, &q.graph, batch, Precision::Fp16, &options)
+            .expect("calibrated build");
+        let c = choice.expect("both plans timed");
+        println!("{model}: {}", c.describe("int8", "fp16"));
+        assert!(c.quantized_ms > 0.0 && c.float_ms > 0.0, "{c:?}");
+        assert_eq!(
+            c.kept_float,
+            isolane_cuda::calibrated::float_plan_wins(c.quantized_ms, c.float_ms)
+        );
+        let x = random(n, 77);
+        let reference = |graph: &Graph| {
+            let mut r = cpu.compile(graph, batch, Precision::Fp32).expect("cpu");
+            r.input_mut().copy_from_slice(&x);
+            r.run().expect("cpu run");
+            r.output().to_vec()
+        };
+        let (float, quantized) = (reference(&g), reference(&q.graph));
+        m.input_mut().copy_from_slice(&x);
+        m.run().expect("gpu run");
+        let (want, bound) = if c.kept_float {
+            (&float, tolerance(Precision::Fp16))
+        } else {
+            let quantization = rel_l2(&quantized, &float);
+            (&quantized, tolerance(Precision::Fp16).max(quantization))
+        };
+        let err = rel_l2(m.output(), want);
+        println!("{model}: rel L2 {err:.3e} from the kept plan's reference (bound {bound:.1e})");
+        assert!(err < bound, "{model}: {err:.3e} >= {bound:.3e}");
+        if model == "resnet18" {
+            let off = BuildOptions {
+                quant_fallback: false,
+                ..build
+            };
+            let (_, none) = CudaBackend::new(0)
+                .expect("cuda backend")
+                .with_build_options(off)
+                .compile_calibrated(&g, &q.graph, batch, Precision::Fp16, &options)
+                .expect("quantized build");
+            assert_eq!(
+                none, None,
+                "the fallback off builds the quantized plan only"
+            );
+        }
+    }
+}
+
 /// The int8 and fp8 tensor-core path (`QuantGemm` steps: quantize kernel, cuBLASLt int8 GEMM
 /// with an int32 D or e4m3 with an f32 D, dequantizing epilogue) against the exact CPU
 /// reference of the same QDQ graph: the small CNN of the emulator test and resnet50, each

@@ -103,6 +103,16 @@ pub struct BenchResult {
     pub device_mib: Option<f64>,
     /// cuda: device time of the forward alone (no copies), median of 50 event-timed replays.
     pub forward_ms: Option<f64>,
+    /// A calibrated int8 / fp8 row on cuda: the plan that runs, its precision's own (`int8`,
+    /// `fp8`) or its float fallback (`fp16 fallback`), the faster of the two timed whole
+    /// ([`isolane_cuda::CudaBackend::compile_calibrated`]); absent where there was no choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_kept: Option<String>,
+    /// The two plans' forwards as that choice timed them (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantized_forward_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub float_forward_ms: Option<f64>,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -156,7 +166,7 @@ pub fn results_table(results: &[BenchResult], wide: bool) -> String {
             let mut row = vec![
                 r.model.clone(),
                 r.batch.to_string(),
-                r.precision.clone(),
+                row_precision(r),
                 isolane_report::ms(Some(r.median_ms)),
                 isolane_report::ms(Some(r.p99_ms)),
                 isolane_report::rate(r.throughput_ips),
@@ -182,6 +192,18 @@ pub fn results_table(results: &[BenchResult], wide: bool) -> String {
         isolane_report::wide_table(&header, &rows, text_columns)
     } else {
         isolane_report::plain_table(&header, &rows, text_columns)
+    }
+}
+
+/// A row's precision as the table shows it: a calibrated row that runs its float fallback
+/// says so (`int8→fp16`), since its times are that plan's.
+fn row_precision(r: &BenchResult) -> String {
+    match &r.plan_kept {
+        Some(k) if *k != r.precision => {
+            let float = k.strip_suffix(" fallback").unwrap_or(k);
+            format!("{}→{float}", r.precision)
+        }
+        _ => r.precision.clone(),
     }
 }
 
@@ -349,7 +371,7 @@ pub fn bench(
             for (p, qtype, label) in &precisions {
                 let p = *p;
                 // int8 / fp8: the model quantized at this batch (not timed as compile).
-                let graph = match (qtype, &args.calibration) {
+                let row_graph = match (qtype, &args.calibration) {
                     (Some(q), Some(dir)) => {
                         let opts = isolane_engine::calibrate::CalibOptions {
                             qtype: *q,
@@ -374,11 +396,12 @@ pub fn bench(
                 };
                 // A row quantized from --calibration just above: its layers may run plain
                 // fp16 on cuda (a QDQ file's keep their fake-quant arithmetic).
+                let calibrated = qtype.is_some() && args.calibration.is_some();
                 if let Some(b) = cuda.take() {
-                    let calibrated = qtype.is_some() && args.calibration.is_some();
                     let build = b.build_options().for_calibrated(calibrated);
                     cuda = Some(b.with_build_options(build));
                 }
+                let mut whole: Option<isolane_cuda::WholeModelChoice> = None;
                 let t0 = Instant::now();
                 let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
                 let mut forward_ms = None;
@@ -394,6 +417,7 @@ pub fn bench(
                                 plan_check: b.build_options().mps_thread_pct.is_some(),
                                 ..Default::default()
                             };
+                            let compiling = format!("compiling {name} batch {batch} {p} for cuda");
                             let mut m = match &saved {
                                 // A plan built for another batch, precision or GPU is the
                                 // user's to rebuild (exit code 2).
@@ -401,12 +425,24 @@ pub fn bench(
                                     EngineError::InvalidArgument(m) => user(m),
                                     e => doing(format!("loading {name} batch {batch} {p}"))(e),
                                 }),
-                                None => {
-                                    b.compile_cuda_with(&graph, batch, p, &options)
-                                        .map_err(doing(format!(
-                                            "compiling {name} batch {batch} {p} for cuda"
-                                        )))
-                                }
+                                // Calibrated here: its float plan is built too and the faster
+                                // kept (the row says which).
+                                None if calibrated => b
+                                    .compile_calibrated(&graph, &row_graph, batch, p, &options)
+                                    .map(|(m, choice)| {
+                                        if let Some(c) = choice {
+                                            note(format!(
+                                                "{name} batch {batch} {label}: {}",
+                                                c.describe(label, p.as_str())
+                                            ));
+                                        }
+                                        whole = choice;
+                                        m
+                                    })
+                                    .map_err(doing(compiling)),
+                                None => b
+                                    .compile_cuda_with(&row_graph, batch, p, &options)
+                                    .map_err(doing(compiling)),
                             }?;
                             let input =
                                 crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
@@ -429,7 +465,7 @@ pub fn bench(
                             (
                                 Box::new(
                                     CpuBackend::new(args.threads)
-                                        .compile_cpu(&graph, batch, p)
+                                        .compile_cpu(&row_graph, batch, p)
                                         .map_err(doing(format!(
                                             "compiling {name} batch {batch} for cpu"
                                         )))?,
@@ -459,6 +495,15 @@ pub fn bench(
                     workspace_mib: mem.map(|m| mib(m.workspace_bytes)),
                     device_mib: mem.map(|m| mib(m.device_delta_bytes)),
                     forward_ms,
+                    plan_kept: whole.map(|c| {
+                        if c.kept_float {
+                            format!("{} fallback", p.as_str())
+                        } else {
+                            label.clone()
+                        }
+                    }),
+                    quantized_forward_ms: whole.map(|c| c.quantized_ms),
+                    float_forward_ms: whole.map(|c| c.float_ms),
                 };
                 measured(&r)?;
                 results.push(r);
@@ -521,6 +566,49 @@ mod tests {
                 .contains("--calibration-skips are for --precision int8 or fp8"),
             "{e}"
         );
+    }
+
+    /// A calibrated row that runs its float fallback says so in the table and in the JSON
+    /// (with both plans' times); a row without that choice carries no such fields.
+    #[test]
+    fn a_row_that_runs_its_float_fallback_says_so() {
+        let mut r = BenchResult {
+            backend: "cuda".into(),
+            model: "vit_b_16".into(),
+            batch: 1,
+            precision: "int8".into(),
+            replays: 10,
+            median_ms: 0.5,
+            p99_ms: 0.6,
+            mean_ms: 0.5,
+            min_ms: 0.4,
+            throughput_ips: 2000.0,
+            compile_ms: 100.0,
+            weights_mib: None,
+            arena_mib: 1.0,
+            workspace_mib: None,
+            device_mib: None,
+            forward_ms: Some(0.48),
+            plan_kept: None,
+            quantized_forward_ms: None,
+            float_forward_ms: None,
+        };
+        assert_eq!(row_precision(&r), "int8");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            !json.contains("plan_kept") && !json.contains("float_forward_ms"),
+            "{json}"
+        );
+        r.plan_kept = Some("int8".into());
+        assert_eq!(row_precision(&r), "int8");
+        r.plan_kept = Some("fp16 fallback".into());
+        r.quantized_forward_ms = Some(0.87);
+        r.float_forward_ms = Some(0.48);
+        assert_eq!(row_precision(&r), "int8→fp16");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(r#""plan_kept":"fp16 fallback""#), "{json}");
+        assert!(json.contains(r#""quantized_forward_ms":0.87"#), "{json}");
+        assert!(results_table(&[r], false).contains("int8→fp16"));
     }
 
     #[test]

@@ -79,16 +79,18 @@ fn cpu_precision(p: SpecPrecision) -> Precision {
 
 /// A `precision = "int8"` or `"fp8"` workload's graph quantized from its calibration folder
 /// (docs/engine.md, Post-training quantization), with its top-1 agreement with the float
-/// graph over that folder printed; any other workload's graph as it is. The flag says which:
-/// a calibrated model's layers may run plain fp16 on cuda, a QDQ file's keep its fake-quant
-/// arithmetic ([`isolane_cuda::BuildOptions::quant_float_plain`]).
-fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<(Graph, bool), ExecError> {
+/// graph over that folder printed; `None` for any other workload (its graph runs as it is).
+/// A calibrated model's layers may run plain fp16 on cuda, and the whole model may run its
+/// float plan where that is faster ([`isolane_cuda::CudaBackend::compile_calibrated`]); a
+/// QDQ file's keep their fake-quant arithmetic
+/// ([`isolane_cuda::BuildOptions::quant_float_plain`]).
+fn quantized(spec: &WorkloadSpec, graph: &Graph) -> Result<Option<Graph>, ExecError> {
     use isolane_engine::calibrate;
     use isolane_engine::quant::QuantType;
     let qtype = match spec.precision {
         SpecPrecision::Int8 => QuantType::Int8,
         SpecPrecision::Fp8 => QuantType::Float8E4M3Fn,
-        _ => return Ok((graph, false)),
+        _ => return Ok(None),
     };
     let Some(c) = spec.calibration.as_ref().filter(|c| !c.dir.is_empty()) else {
         return Err(bad_model(
@@ -100,11 +102,11 @@ fn quantized(spec: &WorkloadSpec, graph: Graph) -> Result<(Graph, bool), ExecErr
     let threads = spec.cpu.len().max(1);
     let dir = Path::new(&c.dir);
     let (q, report) =
-        calibrate::quantize_from_folder(&graph, spec.batch as usize, dir, &opts, threads)
+        calibrate::quantize_from_folder(graph, spec.batch as usize, dir, &opts, threads)
             .map_err(|e| bad_model(spec, e))?;
     let skips = skips_name(opts.residual_skips);
     eprintln!("workload {}: {report}; residual skips {skips}", spec.name);
-    Ok((q, true))
+    Ok(Some(q))
 }
 
 /// How a workload's `calibration`, `calibration_method` and `calibration_skips` calibrate
@@ -299,30 +301,49 @@ pub(crate) fn green_group(
 
 /// Compiles `graph` on the CUDA backend: in the workload's green context when its plan carried
 /// one (`group`), else on a stream of its own in the device's primary context. `calibrated`:
-/// the graph was quantized by [`quantized`] (not a QDQ file).
+/// `graph` quantized by [`quantized`] (not a QDQ file), compiled with `graph` itself as its
+/// whole-model fallback, the faster kept and said on stderr.
 fn build_cuda(
     device: &DeviceSpec,
     spec: &WorkloadSpec,
-    (graph, calibrated): (&Graph, bool),
+    (graph, calibrated): (&Graph, Option<&Graph>),
     seed: u64,
     group: Option<isolane_gpu::GreenGroup>,
 ) -> Result<Box<dyn Executor>, ExecError> {
     let backend = cuda_backend(device, spec, &group)?;
-    let build = backend.build_options().for_calibrated(calibrated);
+    let build = backend.build_options().for_calibrated(calibrated.is_some());
     let backend = backend.with_build_options(build);
     let options = isolane_cuda::CompileOptions {
         plan_check: checks_against_cpu(spec, &build),
         ..Default::default()
     };
-    let model = backend
-        .compile_cuda_with(
+    let (batch, p) = (spec.batch as usize, precision(spec.precision));
+    let (model, ran) = match calibrated {
+        Some(q) => {
+            let (model, choice) = backend
+                .compile_calibrated(graph, q, batch, p, &options)
+                .map_err(|e| build_err(spec, e))?;
+            if let Some(c) = choice {
+                let line = c.describe(spec.precision.name(), p.as_str());
+                eprintln!("workload {}: {line}", spec.name);
+            }
+            (
+                model,
+                if choice.is_some_and(|c| c.kept_float) {
+                    graph
+                } else {
+                    q
+                },
+            )
+        }
+        None => (
+            backend
+                .compile_cuda_with(graph, batch, p, &options)
+                .map_err(|e| build_err(spec, e))?,
             graph,
-            spec.batch as usize,
-            precision(spec.precision),
-            &options,
-        )
-        .map_err(|e| build_err(spec, e))?;
-    Ok(cuda_executor(spec, model, graph, seed, group))
+        ),
+    };
+    Ok(cuda_executor(spec, model, ran, seed, group))
 }
 
 /// A saved plan's model: on cuda its choices replayed (nothing timed; the load checks its key
@@ -936,11 +957,12 @@ impl EngineExecutors for EngineExecutorsImpl {
                 load_graph(spec, seed)?
             }
         };
-        let (graph, calibrated) = quantized(spec, graph)?;
+        let calibrated = quantized(spec, &graph)?;
         if device.backend == SpecBackend::Cuda {
             let group = partition.map(|p| green_group(spec, p)).transpose()?;
-            return build_cuda(device, spec, (&graph, calibrated), seed, group);
+            return build_cuda(device, spec, (&graph, calibrated.as_ref()), seed, group);
         }
+        let graph = calibrated.unwrap_or(graph);
         // One engine thread per core the workload is pinned to (1 when unpinned): the pool is
         // created here, on the workload's pinned thread, so its threads inherit that affinity.
         let threads = spec.cpu.len().max(1);
@@ -1064,8 +1086,8 @@ mod tests {
         assert!(rel > 1e-5 && rel < 0.1, "relative L2 {rel}");
         // Calibrated: on cuda its float steps may run plain fp16; the float model is not.
         let g = load_graph(w, 7).unwrap();
-        assert!(quantized(w, g.clone()).unwrap().1);
-        assert!(!quantized(&float, g).unwrap().1);
+        assert!(quantized(w, &g).unwrap().is_some());
+        assert!(quantized(&float, &g).unwrap().is_none());
         // A calibration file of another shape stops the run at check, naming the file.
         std::fs::write(
             cal.join("b.npy"),

@@ -309,8 +309,10 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             )));
         }
     }
-    // What --labels scores against: the model before quantization, at fp32 on the CPU.
-    let float = labels.as_ref().map(|_| graph.clone());
+    // The model before quantization: what --labels scores against (at fp32 on the CPU), and a
+    // calibrated model's whole-model fallback on cuda.
+    let float =
+        (labels.is_some() || (quantize.is_some() && args.backend == "cuda")).then(|| graph.clone());
     let graph = match &quantize {
         Some((opts, dir)) => {
             let threads = if args.threads == 0 {
@@ -342,9 +344,21 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             plan_check: args.plan_check,
             ..Default::default()
         };
-        let m = match &saved {
-            Some(s) => backend.load_saved(s, &args.model, batch, precision),
-            None => backend.compile_cuda_with(&graph, batch, precision, &options),
+        let m = match (&saved, &float) {
+            (Some(s), _) => backend.load_saved(s, &args.model, batch, precision),
+            // Calibrated here: its float plan is built too, and the faster runs.
+            (None, Some(f)) if quantize.is_some() => backend
+                .compile_calibrated(f, &graph, batch, precision, &options)
+                .map(|(m, choice)| {
+                    if let Some(c) = choice {
+                        say(format!(
+                            "whole model: {}",
+                            c.describe(&args.precision, precision.as_str())
+                        ));
+                    }
+                    m
+                }),
+            _ => backend.compile_cuda_with(&graph, batch, precision, &options),
         }
         .map_err(|e| engine_error(e, &args.model, Some(batch)))?;
         let line = match m.plan_check() {
