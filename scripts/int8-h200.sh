@@ -97,8 +97,12 @@ done
     echo "fake-quant values at fp16 and cuDNN's fused quantized graph (docs/cuda.md); the rest"
     echo "fake-quant at fp16."
     echo
-    echo "| model | batch | precision | median ms | images/s | vs fp16 throughput |"
-    echo "| --- | ---: | --- | ---: | ---: | ---: |"
+    echo "The plan column: which plan a calibrated row ran, its quantized one or its fp16 fallback"
+    echo "(the faster forward, timed whole at build: bench's plan_kept; docs/cuda.md, \"The whole"
+    echo "model against its float plan\"), with both forwards in ms."
+    echo
+    echo "| model | batch | precision | median ms | images/s | vs fp16 throughput | plan (quantized / fp16 forward ms) |"
+    echo "| --- | ---: | --- | ---: | ---: | ---: | --- |"
     python3 - "$work/rows" "${order[@]}" <<'PY'
 import json, os, sys
 rows, fp16 = sys.argv[1], {}
@@ -115,15 +119,18 @@ for tag in sys.argv[2:]:
         key = (r["model"], r["batch"])
         if "median_ms" not in r:
             why = r.get("failed") or r.get("skipped") or "?"
-            print(f'| {r["model"]} | {r["batch"]} | {r["precision"]} | {why[:160]} | | |')
+            print(f'| {r["model"]} | {r["batch"]} | {r["precision"]} | {why[:160]} | | | |')
             continue
         if r["precision"] == "fp16":
             fp16[key] = r["throughput_ips"]
         ratio = f'{r["throughput_ips"] / fp16[key]:.2f}x' if key in fp16 else ""
+        plan = ""
+        if "plan_kept" in r:
+            plan = f'{r["plan_kept"]} ({r["quantized_forward_ms"]:.3f} / {r["float_forward_ms"]:.3f})'
         print(f'| {r["model"]} | {r["batch"]} | {r["precision"]} | {r["median_ms"]:.3f} '
-              f'| {r["throughput_ips"]:.0f} | {ratio} |')
+              f'| {r["throughput_ips"]:.0f} | {ratio} | {plan} |')
     if not got:
-        print(f"| {tag} | | | no output | | |")
+        print(f"| {tag} | | | no output | | | |")
 PY
     echo
     echo "## isolane's calibration: top-1 agreement with fp32 over the calibration items"

@@ -15,7 +15,8 @@ README gives onnxruntime's own figures). Rows:
 "Agreement with fp32" is with the model as given at fp32 on the CPU backend: digits.onnx's
 answers for the float and isolane-calibrated rows; for a QDQ file, the file's own answers (its
 exact ONNX semantics), so that a cuda row says whether the GPU computes what the file says.
-A row whose plan check refuses it is run again with --no-plan-check, and says so.
+A row whose plan check refuses it is run again with --no-plan-check, and says so. Every row
+runs with ISOLANE_CUDA_QUANT_FALLBACK=off, so that a calibrated row runs its quantized plan.
 
 Standard library only. On the GPU machine, from the repository root:
 
@@ -75,7 +76,11 @@ def run(isolane, backend, model, precision, method, extra):
         cmd += ["--calibration", os.path.join(d, "calibration"), "--calibration-method", method]
     cmd += extra
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    # The quantized plan always: on cuda a calibrated model otherwise runs its fp16 plan where
+    # that is faster (docs/cuda.md, "The whole model against its float plan"), and these rows
+    # measure the quantized arithmetic's accuracy.
+    env = dict(os.environ, ISOLANE_CUDA_QUANT_FALLBACK="off")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     return p, cmd, time.time() - t0
 
 

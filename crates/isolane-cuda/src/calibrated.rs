@@ -72,12 +72,51 @@ pub fn float_plan_wins(quantized_ms: f64, float_ms: f64) -> bool {
         && float_ms * (1.0 + FLOAT_PLAN_MARGIN) < quantized_ms
 }
 
+/// What [`CudaBackend::compile_calibrated`] did besides the quantized plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FallbackOutcome {
+    /// The fallback is off ([`crate::BuildOptions::quant_fallback`]): one plan built.
+    Off,
+    /// Both plans built and timed whole.
+    Timed(WholeModelChoice),
+    /// The float plan could not be built here (out of memory in a small partition, say): the
+    /// quantized plan runs, and this is why there was no choice.
+    FloatFailed(String),
+}
+
+impl FallbackOutcome {
+    /// The timed choice, where there was one.
+    pub fn timed(&self) -> Option<WholeModelChoice> {
+        match self {
+            FallbackOutcome::Timed(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// Whether the float plan runs.
+    pub fn kept_float(&self) -> bool {
+        self.timed().is_some_and(|c| c.kept_float)
+    }
+
+    /// The line to tell the user (none when the fallback is off).
+    pub fn describe(&self, quantized: &str, float: &str) -> Option<String> {
+        match self {
+            FallbackOutcome::Off => None,
+            FallbackOutcome::Timed(c) => Some(c.describe(quantized, float)),
+            FallbackOutcome::FloatFailed(why) => Some(format!(
+                "runs the {quantized} plan: its {float} plan, to time against it, could not be                  built here ({why})"
+            )),
+        }
+    }
+}
+
 impl CudaBackend {
     /// Compiles a calibrated model: `quantized` (isolane's calibration of `float`) with this
     /// backend's options (built [`crate::BuildOptions::for_calibrated`] by the caller), and,
     /// unless [`crate::BuildOptions::quant_fallback`] is off, `float` at the same `precision`;
-    /// both timed whole, the faster kept ([`WholeModelChoice`], `None` when only the quantized
-    /// plan was built). A quantized plan that fails to build is the error: it is not replaced.
+    /// both timed whole, the faster kept ([`FallbackOutcome`]). A quantized plan that fails to
+    /// build is the error: it is not replaced. A float plan that fails to build (the second
+    /// model needs its own memory while the first is held) leaves the quantized plan running.
     pub fn compile_calibrated(
         &self,
         float: &Graph,
@@ -85,15 +124,19 @@ impl CudaBackend {
         batch: usize,
         precision: Precision,
         options: &CompileOptions,
-    ) -> Result<(CudaModel, Option<WholeModelChoice>)> {
+    ) -> Result<(CudaModel, FallbackOutcome)> {
         let mut q = self.compile_cuda_with(quantized, batch, precision, options)?;
         if !self.build.quant_fallback {
-            return Ok((q, None));
+            return Ok((q, FallbackOutcome::Off));
         }
-        let mut f = self.compile_cuda_with(float, batch, precision, options)?;
+        let mut f = match self.compile_cuda_with(float, batch, precision, options) {
+            Ok(f) => f,
+            Err(e) => return Ok((q, FallbackOutcome::FloatFailed(e.to_string()))),
+        };
         let (tq, tf) = time_alternately(&mut q, &mut f)?;
         let choice = WholeModelChoice::of(tq, tf);
-        Ok((if choice.kept_float { f } else { q }, Some(choice)))
+        let kept = if choice.kept_float { f } else { q };
+        Ok((kept, FallbackOutcome::Timed(choice)))
     }
 }
 

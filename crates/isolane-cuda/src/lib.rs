@@ -37,7 +37,7 @@ use std::sync::Arc;
 use cudarc::driver::sys as cu;
 use isolane_engine::{passes, Backend, CompiledModel, EngineError, Graph, Precision, Result};
 
-pub use calibrated::WholeModelChoice;
+pub use calibrated::{FallbackOutcome, WholeModelChoice};
 pub use model::{CudaModel, MemoryReport, Slots};
 pub use options::{BuildOptions, ConvPaths};
 pub use preprocess::{InputType, Preprocessor};

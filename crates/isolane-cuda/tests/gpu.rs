@@ -1000,7 +1000,7 @@ fn a_calibrated_model_runs_the_faster_of_its_quantized_and_float_plans() {
         let (mut m, choice) = backend
             .compile_calibrated(&g, &q.graph, batch, Precision::Fp16, &options)
             .expect("calibrated build");
-        let c = choice.expect("both plans timed");
+        let c = choice.timed().expect("both plans timed");
         println!("{model}: {}", c.describe("int8", "fp16"));
         assert!(c.quantized_ms > 0.0 && c.float_ms > 0.0, "{c:?}");
         assert_eq!(
@@ -1037,7 +1037,8 @@ fn a_calibrated_model_runs_the_faster_of_its_quantized_and_float_plans() {
                 .compile_calibrated(&g, &q.graph, batch, Precision::Fp16, &options)
                 .expect("quantized build");
             assert_eq!(
-                none, None,
+                none,
+                isolane_cuda::FallbackOutcome::Off,
                 "the fallback off builds the quantized plan only"
             );
         }

@@ -430,13 +430,10 @@ pub fn bench(
                                 None if calibrated => b
                                     .compile_calibrated(&graph, &row_graph, batch, p, &options)
                                     .map(|(m, choice)| {
-                                        if let Some(c) = choice {
-                                            note(format!(
-                                                "{name} batch {batch} {label}: {}",
-                                                c.describe(label, p.as_str())
-                                            ));
+                                        if let Some(line) = choice.describe(label, p.as_str()) {
+                                            note(format!("{name} batch {batch} {label}: {line}"));
                                         }
-                                        whole = choice;
+                                        whole = choice.timed();
                                         m
                                     })
                                     .map_err(doing(compiling)),

@@ -323,18 +323,10 @@ fn build_cuda(
             let (model, choice) = backend
                 .compile_calibrated(graph, q, batch, p, &options)
                 .map_err(|e| build_err(spec, e))?;
-            if let Some(c) = choice {
-                let line = c.describe(spec.precision.name(), p.as_str());
+            if let Some(line) = choice.describe(spec.precision.name(), p.as_str()) {
                 eprintln!("workload {}: {line}", spec.name);
             }
-            (
-                model,
-                if choice.is_some_and(|c| c.kept_float) {
-                    graph
-                } else {
-                    q
-                },
-            )
+            (model, if choice.kept_float() { graph } else { q })
         }
         None => (
             backend

@@ -350,11 +350,8 @@ pub fn infer(args: &InferRequest, say: &mut dyn FnMut(String)) -> Result<Inferre
             (None, Some(f)) if quantize.is_some() => backend
                 .compile_calibrated(f, &graph, batch, precision, &options)
                 .map(|(m, choice)| {
-                    if let Some(c) = choice {
-                        say(format!(
-                            "whole model: {}",
-                            c.describe(&args.precision, precision.as_str())
-                        ));
+                    if let Some(line) = choice.describe(&args.precision, precision.as_str()) {
+                        say(format!("whole model: {line}"));
                     }
                     m
                 }),
