@@ -418,29 +418,33 @@ pub fn bench(
                                 ..Default::default()
                             };
                             let compiling = format!("compiling {name} batch {batch} {p} for cuda");
-                            let mut m = match &saved {
+                            let (mut m, outcome) = match &saved {
                                 // A plan built for another batch, precision or GPU is the
                                 // user's to rebuild (exit code 2).
-                                Some(s) => b.load_saved(s, name, batch, p).map_err(|e| match e {
-                                    EngineError::InvalidArgument(m) => user(m),
-                                    e => doing(format!("loading {name} batch {batch} {p}"))(e),
-                                }),
+                                Some(s) => b
+                                    .load_saved(s, name, batch, p)
+                                    .map(|m| (m, None))
+                                    .map_err(|e| match e {
+                                        EngineError::InvalidArgument(m) => user(m),
+                                        e => doing(format!("loading {name} batch {batch} {p}"))(e),
+                                    }),
                                 // Calibrated here: its float plan is built too and the faster
                                 // kept (the row says which).
                                 None if calibrated => b
                                     .compile_calibrated(&graph, &row_graph, batch, p, &options)
-                                    .map(|(m, choice)| {
-                                        if let Some(line) = choice.describe(label, p.as_str()) {
-                                            note(format!("{name} batch {batch} {label}: {line}"));
-                                        }
-                                        whole = choice.timed();
-                                        m
-                                    })
+                                    .map(|(m, outcome)| (m, Some(outcome)))
                                     .map_err(doing(compiling)),
                                 None => b
                                     .compile_cuda_with(&row_graph, batch, p, &options)
+                                    .map(|m| (m, None))
                                     .map_err(doing(compiling)),
                             }?;
+                            if let Some(line) =
+                                outcome.as_ref().and_then(|o| o.describe(label, p.as_str()))
+                            {
+                                note(format!("{name} batch {batch} {label}: {line}"));
+                            }
+                            whole = outcome.and_then(|o| o.timed());
                             let input =
                                 crate::seeded_input::random_normal(m.input_mut().len(), args.seed);
                             m.input_mut().copy_from_slice(&input);
